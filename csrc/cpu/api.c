@@ -1,0 +1,96 @@
+/* The public CPU API: argument validation, then the kernel for the dtype. */
+#include <stddef.h>
+
+#include "fusedmlp/cpu.h"
+#include "memory.h"
+#include "precision_kernels.h"
+
+static int valid_activation(fmlp_activation activation) {
+  return activation >= FMLP_ACT_NONE && activation < FMLP_ACT_COUNT;
+}
+
+static int valid_dtype(fmlp_dtype dtype) { return dtype == FMLP_F32 || dtype == FMLP_F64; }
+
+/* rows x cols elements must be countable in int64_t. */
+static fmlp_status check_count(int64_t rows, int64_t cols, int64_t *count) {
+  if (rows < 0 || cols < 0) return FMLP_ERR_INVALID_ARGUMENT;
+  return fmlp_checked_mul(rows, cols, count) ? FMLP_OK : FMLP_ERR_SIZE_OVERFLOW;
+}
+
+/* ... and data present when there are any. */
+static fmlp_status check_extent(const void *data, int64_t rows, int64_t cols) {
+  int64_t count;
+  const fmlp_status status = check_count(rows, cols, &count);
+  if (status != FMLP_OK) return status;
+  return count > 0 && data == NULL ? FMLP_ERR_INVALID_ARGUMENT : FMLP_OK;
+}
+
+static fmlp_status check_chain(const fmlp_cpu_chain_args *a) {
+  if (a == NULL || !valid_dtype(a->dtype) || a->n_layers < 1 || a->widths == NULL ||
+      a->weights == NULL || !valid_activation(a->hidden_activation) ||
+      !valid_activation(a->final_activation)) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  fmlp_status status = check_extent(a->x.data, a->rows, a->widths[0]);
+  for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
+    status = check_extent(a->weights[l].data, a->widths[l + 1], a->widths[l]);
+    if (status == FMLP_OK) status = check_extent(a->y, a->rows, a->widths[l + 1]);
+  }
+  return status;
+}
+
+static fmlp_status check_gated(const fmlp_cpu_gated_args *a) {
+  if (a == NULL || !valid_dtype(a->dtype) || !valid_activation(a->activation)) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  fmlp_status status = check_extent(a->x.data, a->rows, a->dim);
+  if (status == FMLP_OK) status = check_extent(a->w_gate.data, a->hidden, a->dim);
+  if (status == FMLP_OK) status = check_extent(a->w_up.data, a->hidden, a->dim);
+  if (status == FMLP_OK) status = check_extent(a->w_down.data, a->out_dim, a->hidden);
+  if (status == FMLP_OK) status = check_extent(a->y, a->rows, a->out_dim);
+  int64_t scratch_cols, scratch_count; /* the scratch holds three rows x hidden matrices */
+  if (status == FMLP_OK) status = check_count(a->hidden, 3, &scratch_cols);
+  if (status == FMLP_OK) status = check_count(a->rows, scratch_cols, &scratch_count);
+  return status;
+}
+
+fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading *threading) {
+  const fmlp_status status = check_chain(args);
+  if (status != FMLP_OK) return status;
+  return args->dtype == FMLP_F32 ? fmlp_cpu_chain_f32(args, threading)
+                                 : fmlp_cpu_chain_f64(args, threading);
+}
+
+fmlp_status fmlp_cpu_gated(const fmlp_cpu_gated_args *args, const fmlp_threading *threading) {
+  const fmlp_status status = check_gated(args);
+  if (status != FMLP_OK) return status;
+  return args->dtype == FMLP_F32 ? fmlp_cpu_gated_f32(args, threading)
+                                 : fmlp_cpu_gated_f64(args, threading);
+}
+
+fmlp_status fmlp_cpu_activation_backward(fmlp_dtype dtype, int64_t n, const void *grad_out,
+                                         const void *pre, fmlp_activation activation,
+                                         void *grad_pre, const fmlp_threading *threading) {
+  if (!valid_dtype(dtype) || !valid_activation(activation) || n < 0 ||
+      (n > 0 && (grad_out == NULL || pre == NULL || grad_pre == NULL))) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  return dtype == FMLP_F32
+             ? fmlp_cpu_activation_backward_f32(n, grad_out, pre, activation, grad_pre, threading)
+             : fmlp_cpu_activation_backward_f64(n, grad_out, pre, activation, grad_pre, threading);
+}
+
+fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *grad_product,
+                                    const void *gate, const void *up, fmlp_activation activation,
+                                    void *grad_gate, void *grad_up,
+                                    const fmlp_threading *threading) {
+  if (!valid_dtype(dtype) || !valid_activation(activation) || n < 0 ||
+      (n > 0 && (grad_product == NULL || gate == NULL || up == NULL || grad_gate == NULL ||
+                 grad_up == NULL))) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  return dtype == FMLP_F32 ? fmlp_cpu_gated_backward_f32(n, grad_product, gate, up, activation,
+                                                         grad_gate, grad_up, threading)
+                           : fmlp_cpu_gated_backward_f64(n, grad_product, gate, up, activation,
+                                                         grad_gate, grad_up, threading);
+}

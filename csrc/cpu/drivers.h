@@ -1,0 +1,255 @@
+/* Whole-op drivers over the GEMM core (template: see real_template.h):
+ * layer chains (Linear, MLP), the gated block and the backward pointwise
+ * passes. Work is split into row blocks run through every layer, so
+ * intermediates stay per block; threads take whole blocks. */
+#include <stdatomic.h>
+
+#include "gemm.h"
+
+/* Weights up to this size are re-read from cache for every row block, so
+ * blocks are kept small enough for their activations to stay in L2. Larger
+ * weights get one block per thread, reading each weight panel once. */
+#define CACHE_RESIDENT_WEIGHT_BYTES ((int64_t)2 << 20)
+#define ACTIVATION_BLOCK_BYTES ((int64_t)256 << 10)
+#define POINTWISE_CHUNK ((int64_t)1 << 14)
+
+static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
+                                     int64_t activation_elems_per_row) {
+  const int64_t threads = n_threads > 0 ? n_threads : 1;
+  const int64_t per_thread = (rows + threads - 1) / threads;
+  int64_t block = per_thread;
+  if (weight_elems * (int64_t)sizeof(REAL) <= CACHE_RESIDENT_WEIGHT_BYTES) {
+    const int64_t row_bytes = activation_elems_per_row * (int64_t)sizeof(REAL);
+    const int64_t fit = row_bytes > 0 ? ACTIVATION_BLOCK_BYTES / row_bytes : per_thread;
+    const int64_t aligned = fit / GEMM_MC * GEMM_MC;
+    block = aligned > GEMM_MC ? aligned : GEMM_MC;
+  }
+  if (block > per_thread) block = per_thread;
+  return block > 0 ? block : 1;
+}
+
+static void FN(run_tasks)(const fmlp_threading *threading, int64_t n_tasks, void *job,
+                          fmlp_task_fn fn) {
+  if (threading != NULL && threading->parallel_for != NULL && threading->n_threads > 1 &&
+      n_tasks > 1) {
+    threading->parallel_for(threading->pool, n_tasks, job, fn);
+  } else {
+    fn(job, 0, n_tasks);
+  }
+}
+
+static void FN(free_packed)(FN(packed_weight) *packed, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) free(packed[i].data);
+}
+
+static REAL *FN(rows_at)(void *base, int64_t row, int64_t stride) {
+  return base == NULL ? NULL : (REAL *)base + row * stride;
+}
+
+/* ---- layer chains: Linear (one layer) and MLP ---- */
+
+typedef struct {
+  const fmlp_cpu_chain_args *args;
+  const FN(packed_weight) *packed;
+  int64_t block_rows, max_hidden;
+  atomic_int status;
+} FN(chain_job);
+
+static void FN(chain_block)(const FN(chain_job) *job, int64_t r0, int64_t rows, REAL *input_pack,
+                            REAL *ping_pong[2]) {
+  const fmlp_cpu_chain_args *a = job->args;
+  fmlp_input in = {(const REAL *)a->x.data + r0 * a->x.row_stride, a->x.row_stride,
+                   a->x.col_stride};
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    const int64_t width = a->widths[l + 1];
+    const int last = l == a->n_layers - 1;
+    REAL *out;
+    int64_t ldc = width;
+    if (last) {
+      out = FN(rows_at)(a->y, r0, a->y_row_stride);
+      ldc = a->y_row_stride;
+    } else if (a->saved_hidden != NULL && a->saved_hidden[l] != NULL) {
+      out = FN(rows_at)(a->saved_hidden[l], r0, width);
+    } else {
+      out = ping_pong[l % 2];
+    }
+    REAL *pre = a->saved_pre != NULL ? FN(rows_at)(a->saved_pre[l], r0, width) : NULL;
+    FN(gemm_rows)(in, rows, &job->packed[l], a->biases != NULL ? a->biases[l] : NULL,
+                  last ? a->final_activation : a->hidden_activation, out, ldc, pre, width,
+                  input_pack);
+    in = (fmlp_input){out, ldc, 1};
+  }
+}
+
+static void FN(chain_task)(void *context, int64_t begin, int64_t end) {
+  FN(chain_job) *job = context;
+  const fmlp_cpu_chain_args *a = job->args;
+  REAL *input_pack = FN(alloc_input_pack)();
+  REAL *ping_pong_data = fmlp_alloc_scratch(2 * job->block_rows * job->max_hidden, sizeof(REAL));
+  if (input_pack == NULL || ping_pong_data == NULL) {
+    atomic_store(&job->status, FMLP_ERR_OUT_OF_MEMORY);
+  } else {
+    REAL *ping_pong[2] = {ping_pong_data, ping_pong_data + job->block_rows * job->max_hidden};
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t r0 = block * job->block_rows;
+      const int64_t rows = a->rows - r0 < job->block_rows ? a->rows - r0 : job->block_rows;
+      FN(chain_block)(job, r0, rows, input_pack, ping_pong);
+    }
+  }
+  free(ping_pong_data);
+  free(input_pack);
+}
+
+fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threading *threading) {
+  if (a->rows == 0) return FMLP_OK;
+  FN(packed_weight) *packed = calloc((size_t)a->n_layers, sizeof(*packed));
+  if (packed == NULL) return FMLP_ERR_OUT_OF_MEMORY;
+  fmlp_status status = FMLP_OK;
+  int64_t weight_elems = 0, max_hidden = 0, row_elems = a->widths[0];
+  for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
+    status = FN(pack_weight)(a->weights[l], a->widths[l + 1], a->widths[l], &packed[l]);
+    weight_elems += a->widths[l + 1] * a->widths[l];
+    row_elems += a->widths[l + 1];
+    if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
+  }
+  if (status == FMLP_OK) {
+    FN(chain_job) job = {.args = a, .packed = packed, .max_hidden = max_hidden};
+    job.block_rows = FN(choose_block_rows)(a->rows, threading ? threading->n_threads : 1,
+                                           weight_elems, row_elems);
+    atomic_init(&job.status, FMLP_OK);
+    FN(run_tasks)(threading, (a->rows + job.block_rows - 1) / job.block_rows, &job,
+                  FN(chain_task));
+    status = (fmlp_status)atomic_load(&job.status);
+  }
+  FN(free_packed)(packed, a->n_layers);
+  free(packed);
+  return status;
+}
+
+/* ---- the gated block ---- */
+
+typedef struct {
+  const fmlp_cpu_gated_args *args;
+  FN(packed_weight) gate, up, down;
+  int64_t block_rows;
+  atomic_int status;
+} FN(gated_job);
+
+/* product = act(gate) * up, one row of n values */
+static void FN(gate_product_row)(const REAL *gate, const REAL *up, int64_t n,
+                                 fmlp_activation activation, REAL *product) {
+  memcpy(product, gate, (size_t)n * sizeof(REAL));
+  FN(activate_row)(product, n, activation);
+  for (int64_t j = 0; j < n; ++j) product[j] *= up[j];
+}
+
+static void FN(gated_block)(const FN(gated_job) *job, int64_t r0, int64_t rows,
+                            REAL *input_pack, REAL *scratch) {
+  const fmlp_cpu_gated_args *a = job->args;
+  const int64_t h = a->hidden, stride = job->block_rows * h;
+  REAL *gate = a->saved_gate != NULL ? FN(rows_at)(a->saved_gate, r0, h) : scratch;
+  REAL *up = a->saved_up != NULL ? FN(rows_at)(a->saved_up, r0, h) : scratch + stride;
+  REAL *product =
+      a->saved_product != NULL ? FN(rows_at)(a->saved_product, r0, h) : scratch + 2 * stride;
+  const fmlp_input in = {(const REAL *)a->x.data + r0 * a->x.row_stride, a->x.row_stride,
+                         a->x.col_stride};
+  FN(gemm_rows)(in, rows, &job->gate, a->bias_gate, FMLP_ACT_NONE, gate, h, NULL, 0, input_pack);
+  FN(gemm_rows)(in, rows, &job->up, a->bias_up, FMLP_ACT_NONE, up, h, NULL, 0, input_pack);
+  for (int64_t i = 0; i < rows; ++i) {
+    FN(gate_product_row)(gate + i * h, up + i * h, h, a->activation, product + i * h);
+  }
+  FN(gemm_rows)((fmlp_input){product, h, 1}, rows, &job->down, a->bias_down, FMLP_ACT_NONE,
+                FN(rows_at)(a->y, r0, a->y_row_stride), a->y_row_stride, NULL, 0, input_pack);
+}
+
+static void FN(gated_task)(void *context, int64_t begin, int64_t end) {
+  FN(gated_job) *job = context;
+  const fmlp_cpu_gated_args *a = job->args;
+  REAL *input_pack = FN(alloc_input_pack)();
+  REAL *scratch = fmlp_alloc_scratch(3 * job->block_rows * a->hidden, sizeof(REAL));
+  if (input_pack == NULL || scratch == NULL) {
+    atomic_store(&job->status, FMLP_ERR_OUT_OF_MEMORY);
+  } else {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t r0 = block * job->block_rows;
+      const int64_t rows = a->rows - r0 < job->block_rows ? a->rows - r0 : job->block_rows;
+      FN(gated_block)(job, r0, rows, input_pack, scratch);
+    }
+  }
+  free(scratch);
+  free(input_pack);
+}
+
+fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threading *threading) {
+  if (a->rows == 0) return FMLP_OK;
+  FN(gated_job) job = {.args = a};
+  fmlp_status status = FN(pack_weight)(a->w_gate, a->hidden, a->dim, &job.gate);
+  if (status == FMLP_OK) status = FN(pack_weight)(a->w_up, a->hidden, a->dim, &job.up);
+  if (status == FMLP_OK) status = FN(pack_weight)(a->w_down, a->out_dim, a->hidden, &job.down);
+  if (status == FMLP_OK) {
+    const int64_t weight_elems = a->hidden * (2 * a->dim + a->out_dim);
+    job.block_rows = FN(choose_block_rows)(a->rows, threading ? threading->n_threads : 1,
+                                           weight_elems, a->dim + 3 * a->hidden + a->out_dim);
+    atomic_init(&job.status, FMLP_OK);
+    FN(run_tasks)(threading, (a->rows + job.block_rows - 1) / job.block_rows, &job,
+                  FN(gated_task));
+    status = (fmlp_status)atomic_load(&job.status);
+  }
+  free(job.gate.data);
+  free(job.up.data);
+  free(job.down.data);
+  return status;
+}
+
+/* ---- backward pointwise passes ---- */
+
+typedef struct {
+  int64_t n;
+  const REAL *grad, *pre, *up;
+  REAL *grad_pre, *grad_up; /* grad_up != NULL: the gated backward */
+  fmlp_activation activation;
+} FN(pointwise_job);
+
+static void FN(pointwise_backward_task)(void *context, int64_t begin, int64_t end) {
+  const FN(pointwise_job) *job = context;
+  for (int64_t chunk = begin; chunk < end; ++chunk) {
+    const int64_t start = chunk * POINTWISE_CHUNK;
+    const int64_t len = job->n - start < POINTWISE_CHUNK ? job->n - start : POINTWISE_CHUNK;
+    REAL *grad_pre = job->grad_pre + start;
+    if (job->grad_up == NULL) {
+      memcpy(grad_pre, job->grad + start, (size_t)len * sizeof(REAL));
+    } else {
+      /* grad_up = grad * act(gate); grad_gate = grad * up * act'(gate) */
+      REAL *grad_up = job->grad_up + start;
+      memcpy(grad_up, job->pre + start, (size_t)len * sizeof(REAL));
+      FN(activate_row)(grad_up, len, job->activation);
+      for (int64_t i = 0; i < len; ++i) {
+        grad_up[i] *= job->grad[start + i];
+        grad_pre[i] = job->grad[start + i] * job->up[start + i];
+      }
+    }
+    FN(activation_grad_row)(grad_pre, job->pre + start, len, job->activation);
+  }
+}
+
+static void FN(run_pointwise)(const FN(pointwise_job) *job, const fmlp_threading *threading) {
+  FN(run_tasks)(threading, (job->n + POINTWISE_CHUNK - 1) / POINTWISE_CHUNK, (void *)job,
+                FN(pointwise_backward_task));
+}
+
+fmlp_status FN(fmlp_cpu_activation_backward)(int64_t n, const void *grad_out, const void *pre,
+                                             fmlp_activation activation, void *grad_pre,
+                                             const fmlp_threading *threading) {
+  const FN(pointwise_job) job = {n, grad_out, pre, NULL, grad_pre, NULL, activation};
+  FN(run_pointwise)(&job, threading);
+  return FMLP_OK;
+}
+
+fmlp_status FN(fmlp_cpu_gated_backward)(int64_t n, const void *grad_product, const void *gate,
+                                        const void *up, fmlp_activation activation,
+                                        void *grad_gate, void *grad_up,
+                                        const fmlp_threading *threading) {
+  const FN(pointwise_job) job = {n, grad_product, gate, up, grad_gate, grad_up, activation};
+  FN(run_pointwise)(&job, threading);
+  return FMLP_OK;
+}

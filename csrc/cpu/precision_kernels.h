@@ -1,0 +1,26 @@
+/* The per-precision entry points behind the public CPU API (cpu.h), which
+ * validates arguments and then picks one of these by dtype. */
+#ifndef FUSEDMLP_CPU_PRECISION_KERNELS_H
+#define FUSEDMLP_CPU_PRECISION_KERNELS_H
+
+#include "fusedmlp/cpu.h"
+
+#define FMLP_DECLARE_PRECISION_KERNELS(suffix)                                                  \
+  fmlp_status fmlp_cpu_chain_##suffix(const fmlp_cpu_chain_args *args,                          \
+                                      const fmlp_threading *threading);                         \
+  fmlp_status fmlp_cpu_gated_##suffix(const fmlp_cpu_gated_args *args,                          \
+                                      const fmlp_threading *threading);                         \
+  fmlp_status fmlp_cpu_activation_backward_##suffix(                                            \
+      int64_t n, const void *grad_out, const void *pre, fmlp_activation activation,             \
+      void *grad_pre, const fmlp_threading *threading);                                         \
+  fmlp_status fmlp_cpu_gated_backward_##suffix(                                                 \
+      int64_t n, const void *grad_product, const void *gate, const void *up,                    \
+      fmlp_activation activation, void *grad_gate, void *grad_up,                               \
+      const fmlp_threading *threading);
+
+FMLP_DECLARE_PRECISION_KERNELS(f32)
+FMLP_DECLARE_PRECISION_KERNELS(f64)
+
+#undef FMLP_DECLARE_PRECISION_KERNELS
+
+#endif /* FUSEDMLP_CPU_PRECISION_KERNELS_H */

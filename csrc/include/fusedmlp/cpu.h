@@ -1,0 +1,90 @@
+/* CPU kernels: C11, single precision (float) and double precision (double).
+ * Callers convert other storage types (bfloat16) before calling.
+ */
+#ifndef FUSEDMLP_CPU_H
+#define FUSEDMLP_CPU_H
+
+#include "fusedmlp/fusedmlp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Runs fn over the task range [0, n_tasks), split into chunks that may run
+ * concurrently. The kernels never start threads themselves: the caller's
+ * thread pool (e.g. ATen's) does, so there is one OpenMP runtime only. */
+typedef void (*fmlp_task_fn)(void *task_context, int64_t begin, int64_t end);
+typedef struct {
+  void (*parallel_for)(void *pool, int64_t n_tasks, void *task_context, fmlp_task_fn fn);
+  void *pool;
+  int64_t n_threads; /* how many threads parallel_for may use; 1 = serial */
+} fmlp_threading;
+
+/* A read-only strided matrix whose sizes come from the surrounding arguments. */
+typedef struct {
+  const void *data;
+  int64_t row_stride, col_stride;
+} fmlp_input;
+
+/* A chain of linear layers over `rows` rows:
+ *   h_0 = x,  h_{l+1} = act_l(h_l @ weights[l].T + biases[l]),
+ * with act_l = hidden_activation for every layer but the last and
+ * final_activation for the last. A single fused Linear is n_layers = 1. */
+typedef struct {
+  fmlp_dtype dtype; /* FMLP_F32 or FMLP_F64, shared by every pointer below */
+  int64_t rows;
+  int64_t n_layers;
+  const int64_t *widths;     /* n_layers + 1 sizes: in, h_1, ..., out */
+  fmlp_input x;              /* rows x widths[0] */
+  const fmlp_input *weights; /* weights[l]: widths[l+1] x widths[l] */
+  const void *const *biases; /* biases[l]: widths[l+1] contiguous, or NULL */
+  fmlp_activation hidden_activation;
+  fmlp_activation final_activation;
+  void *y; /* rows x widths[n_layers], unit column stride */
+  int64_t y_row_stride;
+  /* For training, or NULL: saved_pre[l] receives the pre-activation of
+   * layer l (rows x widths[l+1], contiguous); saved_hidden[l] receives h_{l+1}
+   * for every layer but the last (contiguous). Either array may be NULL, and
+   * so may any entry. */
+  void *const *saved_pre;
+  void *const *saved_hidden;
+} fmlp_cpu_chain_args;
+
+fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading *threading);
+
+/* The gated block y = down(act(gate(x)) * up(x)). */
+typedef struct {
+  fmlp_dtype dtype; /* FMLP_F32 or FMLP_F64 */
+  int64_t rows, dim, hidden, out_dim;
+  fmlp_input x;      /* rows x dim */
+  fmlp_input w_gate; /* hidden x dim */
+  fmlp_input w_up;   /* hidden x dim */
+  fmlp_input w_down; /* out_dim x hidden */
+  const void *bias_gate, *bias_up, *bias_down; /* contiguous, or NULL */
+  fmlp_activation activation;
+  void *y; /* rows x out_dim, unit column stride */
+  int64_t y_row_stride;
+  /* For training, or NULL: gate pre-activation, up projection and
+   * act(gate) * up, each rows x hidden contiguous. */
+  void *saved_gate, *saved_up, *saved_product;
+} fmlp_cpu_gated_args;
+
+fmlp_status fmlp_cpu_gated(const fmlp_cpu_gated_args *args, const fmlp_threading *threading);
+
+/* grad_pre = grad_out * act'(pre), elementwise over n contiguous values. */
+fmlp_status fmlp_cpu_activation_backward(fmlp_dtype dtype, int64_t n, const void *grad_out,
+                                         const void *pre, fmlp_activation activation,
+                                         void *grad_pre, const fmlp_threading *threading);
+
+/* For h = act(gate) * up: grad_gate = grad_h * up * act'(gate) and
+ * grad_up = grad_h * act(gate), elementwise over n contiguous values. */
+fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *grad_product,
+                                    const void *gate, const void *up, fmlp_activation activation,
+                                    void *grad_gate, void *grad_up,
+                                    const fmlp_threading *threading);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FUSEDMLP_CPU_H */

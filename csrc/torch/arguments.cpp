@@ -1,0 +1,132 @@
+#include "arguments.h"
+
+#include <array>
+
+namespace fusedmlp {
+
+namespace {
+
+constexpr std::array<const char *, FMLP_ACT_COUNT> kActivationNames = {
+    "none", "relu", "gelu", "gelu_tanh", "silu"};
+
+std::string dtype_names(const std::vector<at::ScalarType> &dtypes) {
+  std::string names;
+  for (const auto dtype : dtypes) {
+    names += (names.empty() ? "" : ", ") + std::string(c10::toString(dtype));
+  }
+  return names;
+}
+
+void check_same(const char *op, const char *name, const at::Tensor &t, const at::Tensor &x) {
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", name, " has dtype ", t.scalar_type(),
+              " but x has dtype ", x.scalar_type(), "; all tensors must share one dtype");
+  TORCH_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(), " but x is on ",
+              x.device(), "; all tensors must be on one device");
+}
+
+void check_x(const char *op, const at::Tensor &x, const std::vector<at::ScalarType> &dtypes) {
+  TORCH_CHECK(x.dim() >= 1, op, ": x must have shape (*, in_features), got a 0-d tensor");
+  bool supported = false;
+  for (const auto dtype : dtypes) supported = supported || x.scalar_type() == dtype;
+  TORCH_CHECK_TYPE(supported, op, ": x has dtype ", x.scalar_type(), ", but on ",
+                   x.device().type(), " only ", dtype_names(dtypes), " are supported");
+}
+
+void check_weight(const char *op, const std::string &name, const at::Tensor &w,
+                  int64_t in_features, const at::Tensor &x) {
+  TORCH_CHECK(w.dim() == 2, op, ": ", name, " must be 2-D (out_features, in_features), got ",
+              w.dim(), "-D with shape ", w.sizes());
+  TORCH_CHECK(w.size(1) == in_features, op, ": ", name, " has shape ", w.sizes(), " and expects ",
+              w.size(1), " input features, but its input has ", in_features);
+  check_same(op, name.c_str(), w, x);
+}
+
+void check_bias(const char *op, const std::string &name, const std::optional<at::Tensor> &bias,
+                int64_t out_features, const at::Tensor &x) {
+  if (!bias.has_value()) return;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == out_features, op, ": ", name,
+              " must have shape (", out_features, "), got ", bias->sizes());
+  check_same(op, name.c_str(), *bias, x);
+}
+
+}  // namespace
+
+fmlp_activation parse_activation(c10::string_view name) {
+  for (size_t i = 0; i < kActivationNames.size(); ++i) {
+    if (name == kActivationNames[i]) return static_cast<fmlp_activation>(i);
+  }
+  TORCH_CHECK_VALUE(false, "fusedmlp: unknown activation '", std::string(name),
+                    "'; valid names are none, relu, gelu, gelu_tanh, silu");
+}
+
+std::optional<at::Tensor> bias_at(at::TensorList biases, size_t layer) {
+  return biases.empty() ? std::nullopt : std::optional<at::Tensor>(biases[layer]);
+}
+
+void check_chain(const char *op, const at::Tensor &x, at::TensorList weights,
+                 at::TensorList biases, const std::vector<at::ScalarType> &dtypes) {
+  check_x(op, x, dtypes);
+  TORCH_CHECK(!weights.empty(), op, ": weights must hold at least one weight");
+  TORCH_CHECK(biases.empty() || biases.size() == weights.size(), op, ": got ", weights.size(),
+              " weights but ", biases.size(), " biases; pass one bias per weight, or none");
+  int64_t features = x.size(-1);
+  for (size_t l = 0; l < weights.size(); ++l) {
+    const std::string suffix = weights.size() > 1 ? "[" + std::to_string(l) + "]" : "";
+    check_weight(op, "weight" + suffix, weights[l], features, x);
+    features = weights[l].size(0);
+    check_bias(op, "bias" + suffix, bias_at(biases, l), features, x);
+  }
+}
+
+void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
+                 const at::Tensor &w_up, const at::Tensor &w_down,
+                 const std::optional<at::Tensor> &bias_gate,
+                 const std::optional<at::Tensor> &bias_up,
+                 const std::optional<at::Tensor> &bias_down,
+                 const std::vector<at::ScalarType> &dtypes) {
+  check_x(op, x, dtypes);
+  check_weight(op, "w_gate", w_gate, x.size(-1), x);
+  check_weight(op, "w_up", w_up, x.size(-1), x);
+  TORCH_CHECK(w_up.size(0) == w_gate.size(0), op, ": w_gate has shape ", w_gate.sizes(),
+              " but w_up has shape ", w_up.sizes(), "; both must be (hidden, dim)");
+  check_weight(op, "w_down", w_down, w_gate.size(0), x);
+  check_bias(op, "bias_gate", bias_gate, w_gate.size(0), x);
+  check_bias(op, "bias_up", bias_up, w_up.size(0), x);
+  check_bias(op, "bias_down", bias_down, w_down.size(0), x);
+}
+
+at::Tensor as_rows(const at::Tensor &x) { return x.reshape({-1, x.size(-1)}); }
+
+std::vector<int64_t> output_shape(const at::Tensor &x, int64_t out_features) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out_features;
+  return shape;
+}
+
+SavedChainLayout saved_chain_layout(int64_t rows, const std::vector<int64_t> &widths,
+                                    fmlp_activation hidden, fmlp_activation final_activation) {
+  SavedChainLayout layout;
+  const size_t n_layers = widths.size() - 1;
+  for (size_t l = 0; l < n_layers; ++l) {
+    const bool last = l + 1 == n_layers;
+    const int64_t size = rows * widths[l + 1];
+    const bool save_pre = (last ? final_activation : hidden) != FMLP_ACT_NONE;
+    layout.pre_offset.push_back(save_pre ? layout.total : -1);
+    layout.total += save_pre ? size : 0;
+    layout.hidden_offset.push_back(last ? -1 : layout.total);
+    layout.total += last ? 0 : size;
+  }
+  return layout;
+}
+
+std::vector<int64_t> chain_widths(const at::Tensor &x, at::TensorList weights) {
+  std::vector<int64_t> widths = {x.size(-1)};
+  for (const auto &w : weights) widths.push_back(w.size(0));
+  return widths;
+}
+
+std::string layer_label(const char *op, int64_t layer) {
+  return std::string(op) + ".layer" + std::to_string(layer);
+}
+
+}  // namespace fusedmlp

@@ -1,0 +1,55 @@
+// Argument checking and shape translation shared by every backend of the
+// torch layer. No math lives here.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "fusedmlp/fusedmlp.h"
+
+namespace fusedmlp {
+
+// "none", "relu", ... -> enum; anything else is a ValueError naming the valid names.
+fmlp_activation parse_activation(c10::string_view name);
+
+// Validates a chain of layers (linear = one layer): ranks, feature sizes,
+// dtypes, devices. `op` names the caller in messages.
+// biases holds one bias per weight, or none.
+void check_chain(const char *op, const at::Tensor &x, at::TensorList weights,
+                 at::TensorList biases, const std::vector<at::ScalarType> &dtypes);
+
+// Layer l's bias, if the chain has biases.
+std::optional<at::Tensor> bias_at(at::TensorList biases, size_t layer);
+
+void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
+                 const at::Tensor &w_up, const at::Tensor &w_down,
+                 const std::optional<at::Tensor> &bias_gate,
+                 const std::optional<at::Tensor> &bias_up,
+                 const std::optional<at::Tensor> &bias_down,
+                 const std::vector<at::ScalarType> &dtypes);
+
+// x as rows x features: a view when strides allow, else a copy.
+at::Tensor as_rows(const at::Tensor &x);
+
+// The output shape (*, out_features) for an input of shape (*, in_features).
+std::vector<int64_t> output_shape(const at::Tensor &x, int64_t out_features);
+
+// Which saved tensors a training chain keeps, in order, in one flat buffer:
+// for each layer l, its pre-activation when its activation is not "none",
+// then its output h_{l+1} when it is not the last layer.
+struct SavedChainLayout {
+  std::vector<int64_t> pre_offset;     // -1: not saved
+  std::vector<int64_t> hidden_offset;  // -1: not saved
+  int64_t total = 0;
+};
+SavedChainLayout saved_chain_layout(int64_t rows, const std::vector<int64_t> &widths,
+                                    fmlp_activation hidden, fmlp_activation final_activation);
+
+std::vector<int64_t> chain_widths(const at::Tensor &x, at::TensorList weights);
+
+// Profiler label of one layer inside a multi-layer op.
+std::string layer_label(const char *op, int64_t layer);
+
+}  // namespace fusedmlp

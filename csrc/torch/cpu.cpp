@@ -1,0 +1,179 @@
+// CPU kernels of the fusedmlp ops: tensors to pointers and strides, ATen's
+// thread pool to the C kernels. bfloat16 runs the float kernels on converted
+// copies.
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/library.h>
+
+#include "fusedmlp/cpu.h"
+#include "op_wrappers.h"
+
+namespace fusedmlp {
+namespace {
+
+void aten_parallel_for(void * /*pool*/, int64_t n_tasks, void *context, fmlp_task_fn fn) {
+  at::parallel_for(0, n_tasks, 1, [&](int64_t begin, int64_t end) { fn(context, begin, end); });
+}
+
+fmlp_threading aten_threading() { return {aten_parallel_for, nullptr, at::get_num_threads()}; }
+
+void check_status(fmlp_status status, const char *op) {
+  TORCH_CHECK(status != FMLP_ERR_OUT_OF_MEMORY, op, ": out of memory");
+  TORCH_CHECK(status == FMLP_OK, op, ": CPU kernel failed: ", fmlp_status_string(status));
+}
+
+at::ScalarType compute_type(at::ScalarType storage) {
+  return storage == at::kBFloat16 ? at::kFloat : storage;
+}
+
+fmlp_dtype kernel_dtype(at::ScalarType compute) {
+  return compute == at::kDouble ? FMLP_F64 : FMLP_F32;
+}
+
+fmlp_input input_of(const at::Tensor &t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
+
+const void *optional_data(const at::Tensor &t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+at::Tensor compute_bias(const std::optional<at::Tensor> &bias, at::ScalarType compute) {
+  return bias.has_value() ? bias->to(compute).contiguous() : at::Tensor();
+}
+
+void *offset_data(const at::Tensor &buffer, int64_t offset) {
+  return offset < 0 ? nullptr : static_cast<char *>(buffer.data_ptr()) + offset * buffer.element_size();
+}
+
+struct CpuBackend {
+  static std::vector<at::ScalarType> dtypes() { return {at::kFloat, at::kDouble, at::kBFloat16}; }
+
+  static TensorPair chain(const char *op, const at::Tensor &x_rows, at::TensorList weights,
+                          at::TensorList biases, fmlp_activation hidden,
+                          fmlp_activation final_activation, bool save) {
+    const at::ScalarType storage = x_rows.scalar_type(), compute = compute_type(storage);
+    const auto options = x_rows.options().dtype(compute);
+    const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
+    std::vector<int64_t> widths = chain_widths(x_rows, weights);
+    std::vector<at::Tensor> w(weights.size()), b(weights.size());
+    for (size_t l = 0; l < weights.size(); ++l) {
+      w[l] = weights[l].to(compute);
+      b[l] = compute_bias(bias_at(biases, l), compute);
+    }
+    const at::Tensor x = x_rows.to(compute);
+    at::Tensor y = at::empty({rows, widths.back()}, options);
+    const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
+    at::Tensor saved = at::empty({save ? layout.total : 0}, options);
+    const fmlp_threading threading = aten_threading();
+
+    // Under a profiler, run layer by layer so each layer gets its own event;
+    // otherwise one call runs row blocks through every layer.
+    const bool per_layer = n_layers > 1 && at::hasCallbacks();
+    at::Tensor input = x;
+    for (int64_t first = 0; first < n_layers; first += per_layer ? 1 : n_layers) {
+      const int64_t count = per_layer ? 1 : n_layers;
+      const bool ends_chain = first + count == n_layers;
+      at::Tensor out = y;
+      if (!ends_chain) {  // a single hidden layer: into saved, or a scratch tensor
+        const int64_t offset = save ? layout.hidden_offset[first] : -1;
+        out = offset >= 0 ? saved.narrow(0, offset, rows * widths[first + 1]).view({rows, -1})
+                          : at::empty({rows, widths[first + 1]}, options);
+      }
+      std::vector<fmlp_input> w_inputs;
+      std::vector<const void *> b_data;
+      std::vector<void *> pre_data, hidden_data;
+      for (int64_t l = first; l < first + count; ++l) {
+        w_inputs.push_back(input_of(w[l]));
+        b_data.push_back(optional_data(b[l]));
+        pre_data.push_back(save ? offset_data(saved, layout.pre_offset[l]) : nullptr);
+        hidden_data.push_back(save ? offset_data(saved, layout.hidden_offset[l]) : nullptr);
+      }
+      const fmlp_cpu_chain_args args = {
+          .dtype = kernel_dtype(compute),
+          .rows = rows,
+          .n_layers = count,
+          .widths = widths.data() + first,
+          .x = input_of(input),
+          .weights = w_inputs.data(),
+          .biases = b_data.data(),
+          .hidden_activation = hidden,
+          .final_activation = first + count == n_layers ? final_activation : hidden,
+          .y = out.data_ptr(),
+          .y_row_stride = out.stride(0),
+          .saved_pre = pre_data.data(),
+          .saved_hidden = hidden_data.data(),
+      };
+      RECORD_FUNCTION(per_layer ? layer_label(op, first) : std::string(op),
+                      std::vector<c10::IValue>());
+      check_status(fmlp_cpu_chain(&args, &threading), op);
+      input = out;
+    }
+    return {y.to(storage), saved.to(storage)};
+  }
+
+  static TensorPair gated(const char *op, const at::Tensor &x_rows, const at::Tensor &w_gate,
+                          const at::Tensor &w_up, const at::Tensor &w_down,
+                          const OptionalTensor &bias_gate, const OptionalTensor &bias_up,
+                          const OptionalTensor &bias_down, fmlp_activation activation,
+                          bool save) {
+    const at::ScalarType storage = x_rows.scalar_type(), compute = compute_type(storage);
+    const auto options = x_rows.options().dtype(compute);
+    const int64_t rows = x_rows.size(0), hidden = w_gate.size(0), out_dim = w_down.size(0);
+    const at::Tensor x = x_rows.to(compute), wg = w_gate.to(compute), wu = w_up.to(compute),
+                     wd = w_down.to(compute), bg = compute_bias(bias_gate, compute),
+                     bu = compute_bias(bias_up, compute), bd = compute_bias(bias_down, compute);
+    at::Tensor y = at::empty({rows, out_dim}, options);
+    at::Tensor saved = at::empty({save ? 3 : 0, rows, hidden}, options);
+    const fmlp_cpu_gated_args args = {
+        .dtype = kernel_dtype(compute),
+        .rows = rows,
+        .dim = x.size(1),
+        .hidden = hidden,
+        .out_dim = out_dim,
+        .x = input_of(x),
+        .w_gate = input_of(wg),
+        .w_up = input_of(wu),
+        .w_down = input_of(wd),
+        .bias_gate = optional_data(bg),
+        .bias_up = optional_data(bu),
+        .bias_down = optional_data(bd),
+        .activation = activation,
+        .y = y.data_ptr(),
+        .y_row_stride = y.stride(0),
+        .saved_gate = save ? saved[0].data_ptr() : nullptr,
+        .saved_up = save ? saved[1].data_ptr() : nullptr,
+        .saved_product = save ? saved[2].data_ptr() : nullptr,
+    };
+    const fmlp_threading threading = aten_threading();
+    check_status(fmlp_cpu_gated(&args, &threading), op);
+    return {y.to(storage), saved.to(storage)};
+  }
+
+  static at::Tensor activation_backward(const at::Tensor &grad, const at::Tensor &pre,
+                                        fmlp_activation activation) {
+    const at::ScalarType storage = grad.scalar_type(), compute = compute_type(storage);
+    const at::Tensor g = grad.to(compute), p = pre.to(compute);
+    at::Tensor grad_pre = at::empty_like(g);
+    const fmlp_threading threading = aten_threading();
+    check_status(fmlp_cpu_activation_backward(kernel_dtype(compute), g.numel(), g.data_ptr(),
+                                              p.data_ptr(), activation, grad_pre.data_ptr(),
+                                              &threading),
+                 "fusedmlp.activation_backward");
+    return grad_pre.to(storage);
+  }
+
+  static TensorPair gated_backward(const at::Tensor &grad_product, const at::Tensor &gate,
+                                   const at::Tensor &up, fmlp_activation activation) {
+    const at::ScalarType storage = grad_product.scalar_type(), compute = compute_type(storage);
+    const at::Tensor g = grad_product.to(compute), ga = gate.to(compute), u = up.to(compute);
+    at::Tensor grad_gate = at::empty_like(g), grad_up = at::empty_like(g);
+    const fmlp_threading threading = aten_threading();
+    check_status(fmlp_cpu_gated_backward(kernel_dtype(compute), g.numel(), g.data_ptr(),
+                                         ga.data_ptr(), u.data_ptr(), activation,
+                                         grad_gate.data_ptr(), grad_up.data_ptr(), &threading),
+                 "fusedmlp.gated_backward");
+    return {grad_gate.to(storage), grad_up.to(storage)};
+  }
+};
+
+}  // namespace
+}  // namespace fusedmlp
+
+TORCH_LIBRARY_IMPL(fusedmlp, CPU, m) { fusedmlp::OpWrappers<fusedmlp::CpuBackend>::register_kernels(m); }

@@ -1,0 +1,231 @@
+// CUDA kernels of the fusedmlp ops: tensors to pointers and strides, the
+// current stream, torch's cuBLASLt handle and a workspace from its caching
+// allocator. Multi-layer ops run one fused GEMM per layer, each labelled for
+// the profiler.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/record_function.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <mutex>
+
+#include "fusedmlp/cuda.h"
+#include "op_wrappers.h"
+
+namespace fusedmlp {
+namespace {
+
+void check_status(fmlp_status status, const char *op) {
+  TORCH_CHECK(status == FMLP_OK, op, ": CUDA kernel failed: ", fmlp_status_string(status));
+}
+
+fmlp_dtype kernel_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16: return FMLP_BF16;
+    case at::kHalf: return FMLP_F16;
+    default: return FMLP_F32;
+  }
+}
+
+fmlp_cuda_plan_cache *plan_cache() {
+  // One process-wide cache, alive until exit: plans hold no device memory.
+  static fmlp_cuda_plan_cache *cache = nullptr;
+  static std::once_flag created;
+  std::call_once(created, [] {
+    fmlp_cuda_plan_cache *made = nullptr;
+    check_status(fmlp_cuda_plan_cache_create(&made), "fusedmlp");
+    cache = made;
+  });
+  return cache;
+}
+
+// Everything one op call needs for its GEMMs; the workspace tensor lives as
+// long as the op call, and the caching allocator orders its reuse by stream.
+struct GemmEnv {
+  at::Tensor workspace;
+  fmlp_cuda_env env;
+
+  explicit GemmEnv(const at::Tensor &like) {
+    const int64_t bytes =
+        fmlp_cuda_workspace_bytes(at::cuda::getCurrentDeviceProperties()->major);
+    workspace = at::empty({bytes}, like.options().dtype(at::kByte));
+    env = {at::cuda::getCurrentCUDABlasLtHandle(),
+           at::cuda::getCurrentCUDAStream(),
+           static_cast<int>(like.get_device()),
+           workspace.data_ptr(),
+           bytes,
+           plan_cache(),
+           at::globalContext().allowTF32CuBLAS() ? 1 : 0};
+  }
+};
+
+// cuBLASLt takes rows with unit column stride and a row stride >= the row length.
+at::Tensor gemm_operand(const at::Tensor &t) {
+  const bool usable = t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, t.size(1));
+  return usable ? t : t.contiguous();
+}
+
+const void *optional_data(const at::Tensor &t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+at::Tensor bias_operand(const OptionalTensor &bias) {
+  return bias.has_value() ? bias->contiguous() : at::Tensor();
+}
+
+fmlp_cuda_linear_args linear_args(const at::Tensor &x, const at::Tensor &w, const at::Tensor &b,
+                                  const at::Tensor &y, fmlp_activation activation, void *pre) {
+  fmlp_cuda_linear_args args = {};
+  args.dtype = kernel_dtype(x.scalar_type());
+  args.m = x.size(0);
+  args.n = w.size(0);
+  args.k = w.size(1);
+  args.batch = 1;
+  args.x = x.data_ptr();
+  args.x_row_stride = x.stride(0);
+  args.w = w.data_ptr();
+  args.w_row_stride = w.stride(0);
+  args.bias = optional_data(b);
+  args.y = y.data_ptr();
+  args.y_row_stride = y.stride(0);
+  args.activation = activation;
+  args.pre = pre;
+  return args;
+}
+
+void *saved_at(const at::Tensor &saved, int64_t offset) {
+  return offset < 0 ? nullptr
+                    : static_cast<char *>(saved.data_ptr()) + offset * saved.element_size();
+}
+
+// Gate and up as one strided-batched GEMM when their weights (and biases)
+// sit at a fixed, aligned, forward distance in memory; else two GEMMs.
+bool gate_up_batchable(const at::Tensor &wg, const at::Tensor &wu, const at::Tensor &bg,
+                       const at::Tensor &bu, int64_t *w_stride, int64_t *b_stride) {
+  const auto distance = [](const at::Tensor &a, const at::Tensor &b, int64_t *elements) {
+    const intptr_t bytes = reinterpret_cast<intptr_t>(b.data_ptr()) -
+                           reinterpret_cast<intptr_t>(a.data_ptr());
+    *elements = bytes / static_cast<intptr_t>(a.element_size());
+    return bytes > 0 && bytes % 16 == 0;
+  };
+  if (wg.stride(0) != wu.stride(0) || bg.defined() != bu.defined()) return false;
+  if (!distance(wg, wu, w_stride)) return false;
+  *b_stride = 0;
+  return !bg.defined() || distance(bg, bu, b_stride);
+}
+
+struct CudaBackend {
+  static std::vector<at::ScalarType> dtypes() { return {at::kFloat, at::kHalf, at::kBFloat16}; }
+
+  static TensorPair chain(const char *op, const at::Tensor &x_rows, at::TensorList weights,
+                          at::TensorList biases, fmlp_activation hidden,
+                          fmlp_activation final_activation, bool save) {
+    const c10::cuda::CUDAGuard device_guard(x_rows.device());
+    const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
+    const std::vector<int64_t> widths = chain_widths(x_rows, weights);
+    const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
+    at::Tensor y = at::empty({rows, widths.back()}, x_rows.options());
+    at::Tensor saved = at::empty({save ? layout.total : 0}, x_rows.options());
+    int64_t max_hidden = 0;
+    for (int64_t l = 0; l + 1 < n_layers; ++l) max_hidden = std::max(max_hidden, widths[l + 1]);
+    // Inference intermediates ping-pong in one allocation.
+    at::Tensor scratch = at::empty({save ? 0 : 2 * rows * max_hidden}, x_rows.options());
+    GemmEnv gemm(x_rows);
+    at::Tensor input = gemm_operand(x_rows);
+    for (int64_t l = 0; l < n_layers; ++l) {
+      RECORD_FUNCTION(layer_label(op, l), std::vector<c10::IValue>());
+      const bool last = l + 1 == n_layers;
+      at::Tensor out = y;
+      if (!last) {
+        const int64_t size = rows * widths[l + 1];
+        out = (save ? saved.narrow(0, layout.hidden_offset[l], size)
+                    : scratch.narrow(0, (l % 2) * rows * max_hidden, size))
+                  .view({rows, widths[l + 1]});
+      }
+      const fmlp_cuda_linear_args args = linear_args(
+          input, gemm_operand(weights[l]), bias_operand(bias_at(biases, l)), out,
+          last ? final_activation : hidden, save ? saved_at(saved, layout.pre_offset[l]) : nullptr);
+      check_status(fmlp_cuda_linear(&gemm.env, &args), op);
+      input = out;
+    }
+    return {y, saved};
+  }
+
+  static TensorPair gated(const char *op, const at::Tensor &x_rows, const at::Tensor &w_gate,
+                          const at::Tensor &w_up, const at::Tensor &w_down,
+                          const OptionalTensor &bias_gate, const OptionalTensor &bias_up,
+                          const OptionalTensor &bias_down, fmlp_activation activation,
+                          bool save) {
+    const c10::cuda::CUDAGuard device_guard(x_rows.device());
+    const int64_t rows = x_rows.size(0), hidden = w_gate.size(0);
+    const at::Tensor x = gemm_operand(x_rows), wg = gemm_operand(w_gate),
+                     wu = gemm_operand(w_up), bg = bias_operand(bias_gate),
+                     bu = bias_operand(bias_up);
+    // saved (or scratch): [gate pre-activation, up, act(gate) * up]
+    at::Tensor buffers = at::empty({3, rows, hidden}, x_rows.options());
+    at::Tensor y = at::empty({rows, w_down.size(0)}, x_rows.options());
+    GemmEnv gemm(x_rows);
+    {
+      RECORD_FUNCTION(std::string(op) + ".gate_up", std::vector<c10::IValue>());
+      fmlp_cuda_linear_args args = linear_args(x, wg, bg, buffers[0], FMLP_ACT_NONE, nullptr);
+      int64_t w_stride = 0, b_stride = 0;
+      if (gate_up_batchable(wg, wu, bg, bu, &w_stride, &b_stride)) {
+        args.batch = 2;
+        args.w_batch_stride = w_stride;
+        args.bias_batch_stride = b_stride;
+        args.y_batch_stride = rows * hidden;
+        check_status(fmlp_cuda_linear(&gemm.env, &args), op);
+      } else {
+        check_status(fmlp_cuda_linear(&gemm.env, &args), op);
+        const fmlp_cuda_linear_args up =
+            linear_args(x, wu, bu, buffers[1], FMLP_ACT_NONE, nullptr);
+        check_status(fmlp_cuda_linear(&gemm.env, &up), op);
+      }
+    }
+    {
+      RECORD_FUNCTION(std::string(op) + ".product", std::vector<c10::IValue>());
+      check_status(fmlp_cuda_gate_product(kernel_dtype(x.scalar_type()), rows * hidden,
+                                          buffers[0].data_ptr(), buffers[1].data_ptr(),
+                                          activation, buffers[2].data_ptr(),
+                                          at::cuda::getCurrentCUDAStream()),
+                   op);
+    }
+    {
+      RECORD_FUNCTION(std::string(op) + ".down", std::vector<c10::IValue>());
+      const fmlp_cuda_linear_args args = linear_args(
+          buffers[2], gemm_operand(w_down), bias_operand(bias_down), y, FMLP_ACT_NONE, nullptr);
+      check_status(fmlp_cuda_linear(&gemm.env, &args), op);
+    }
+    return {y, save ? buffers : at::empty({0, rows, hidden}, x_rows.options())};
+  }
+
+  static at::Tensor activation_backward(const at::Tensor &grad, const at::Tensor &pre,
+                                        fmlp_activation activation) {
+    const c10::cuda::CUDAGuard device_guard(grad.device());
+    at::Tensor grad_pre = at::empty_like(grad);
+    check_status(fmlp_cuda_activation_backward(kernel_dtype(grad.scalar_type()), grad.numel(),
+                                               grad.data_ptr(), pre.data_ptr(), activation,
+                                               grad_pre.data_ptr(),
+                                               at::cuda::getCurrentCUDAStream()),
+                 "fusedmlp.activation_backward");
+    return grad_pre;
+  }
+
+  static TensorPair gated_backward(const at::Tensor &grad_product, const at::Tensor &gate,
+                                   const at::Tensor &up, fmlp_activation activation) {
+    const c10::cuda::CUDAGuard device_guard(grad_product.device());
+    at::Tensor grad_gate = at::empty_like(grad_product), grad_up = at::empty_like(grad_product);
+    check_status(fmlp_cuda_gated_backward(kernel_dtype(grad_product.scalar_type()),
+                                          grad_product.numel(), grad_product.data_ptr(),
+                                          gate.data_ptr(), up.data_ptr(), activation,
+                                          grad_gate.data_ptr(), grad_up.data_ptr(),
+                                          at::cuda::getCurrentCUDAStream()),
+                 "fusedmlp.gated_backward");
+    return {grad_gate, grad_up};
+  }
+};
+
+}  // namespace
+}  // namespace fusedmlp
+
+TORCH_LIBRARY_IMPL(fusedmlp, CUDA, m) {
+  fusedmlp::OpWrappers<fusedmlp::CudaBackend>::register_kernels(m);
+}

@@ -1,0 +1,31 @@
+// The op schemas. Backends register their kernels in their own files.
+#include <torch/library.h>
+
+TORCH_LIBRARY(fusedmlp, m) {
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias, str activation) -> Tensor");
+  // (y, saved): saved holds what the backward needs, see ops.py.
+  m.def("linear_train(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
+  // biases: one per weight, or none at all (Tensor?[] would hide them from autograd).
+  m.def("mlp(Tensor x, Tensor[] weights, Tensor[] biases, str activation) -> Tensor");
+  m.def(
+      "mlp_train(Tensor x, Tensor[] weights, Tensor[] biases, str activation)"
+      " -> (Tensor, Tensor)");
+  m.def(
+      "gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? bias_gate,"
+      " Tensor? bias_up, Tensor? bias_down, str activation) -> Tensor");
+  m.def(
+      "gated_mlp_train(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? bias_gate,"
+      " Tensor? bias_up, Tensor? bias_down, str activation) -> (Tensor, Tensor)");
+  m.def("activation_backward(Tensor grad, Tensor pre, str activation) -> Tensor");
+  m.def(
+      "gated_backward(Tensor grad_product, Tensor gate, Tensor up, str activation)"
+      " -> (Tensor, Tensor)");
+}
+
+// fusedmlp._C is imported only for the registrations above.
+#include <Python.h>
+
+extern "C" PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fusedmlp kernels", -1, nullptr};
+  return PyModule_Create(&module);
+}

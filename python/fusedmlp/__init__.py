@@ -1,0 +1,17 @@
+"""fusedmlp: fused Linear and MLP layers for PyTorch, as custom ops with C and CUDA C kernels."""
+
+from .activations import ACTIVATIONS
+from .convert import convert
+from .functional import gated_mlp, linear, mlp
+from .modules import FusedGatedMLP, FusedLinear, FusedMLP
+
+__all__ = [
+    "ACTIVATIONS",
+    "FusedGatedMLP",
+    "FusedLinear",
+    "FusedMLP",
+    "convert",
+    "gated_mlp",
+    "linear",
+    "mlp",
+]

@@ -1,0 +1,95 @@
+"""The functional API: fused Linear, MLP and gated MLP over inputs of shape (*, in_features)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from . import ops
+from .activations import check_activation
+
+_ops = torch.ops.fusedmlp
+
+
+def _needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd will differentiate through an op taking these tensors."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _check_tensor(name: str, value: object) -> None:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"fusedmlp: {name} must be a Tensor, got {type(value).__name__}")
+
+
+def linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none"
+) -> Tensor:
+    """act(x @ weight.T + bias), like F.linear followed by the activation, in one op."""
+    check_activation(activation)
+    _check_tensor("x", x)
+    _check_tensor("weight", weight)
+    if _needs_grad(x, weight, bias):
+        return _ops.linear_train(x, weight, bias, activation)[0]
+    return _ops.linear(x, weight, bias, activation)
+
+
+def mlp(
+    x: Tensor,
+    weights: Sequence[Tensor],
+    biases: Sequence[Tensor | None] | None = None,
+    activation: str = "relu",
+) -> Tensor:
+    """Linear layers with `activation` after every layer but the last, in one op."""
+    check_activation(activation)
+    _check_tensor("x", x)
+    weights = list(weights)
+    if not weights:
+        raise ValueError("fusedmlp.mlp: weights must hold at least one weight")
+    for index, weight in enumerate(weights):
+        _check_tensor(f"weights[{index}]", weight)
+    biases = [None] * len(weights) if biases is None else list(biases)
+    if len(biases) != len(weights):
+        raise ValueError(
+            f"fusedmlp.mlp: got {len(weights)} weights but {len(biases)} biases; "
+            "pass one bias (or None) per weight"
+        )
+    train = _needs_grad(x, *weights, *biases)
+    biases = _all_or_no_biases(weights, biases)
+    if train:
+        return _ops.mlp_train(x, weights, biases, activation)[0]
+    return _ops.mlp(x, weights, biases, activation)
+
+
+def _all_or_no_biases(weights: list[Tensor], biases: list[Tensor | None]) -> list[Tensor]:
+    """The op takes a bias for every layer or for none: missing ones become zeros."""
+    if all(b is None for b in biases):
+        return []
+    return [
+        torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) if b is None else b
+        for w, b in zip(weights, biases)
+    ]
+
+
+def gated_mlp(
+    x: Tensor,
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+    activation: str = "gelu_tanh",
+    bias_gate: Tensor | None = None,
+    bias_up: Tensor | None = None,
+    bias_down: Tensor | None = None,
+) -> Tensor:
+    """down(act(gate(x)) * up(x)): the GeGLU ("gelu_tanh") / SwiGLU ("silu") block, in one op."""
+    check_activation(activation)
+    for name, tensor in (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        _check_tensor(name, tensor)
+    args = (x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation)
+    if _needs_grad(*args[:-1]):
+        return _ops.gated_mlp_train(*args)[0]
+    return _ops.gated_mlp(*args)
+
+
+__all__ = ["linear", "mlp", "gated_mlp", "ops"]

@@ -1,0 +1,152 @@
+"""Drop-in modules: same Parameters, state_dict keys, init and repr style as the
+nn.Linear / nn.Sequential / gated blocks they replace, computed by the fused ops."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .activations import activation_module, activation_name, check_activation
+from .functional import gated_mlp, linear, mlp
+
+
+class FusedLinear(nn.Linear):
+    """nn.Linear with its activation fused in: act(x @ weight.T + bias)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        activation: str = "none",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        check_activation(activation)
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = activation
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, activation: str = "none") -> FusedLinear:
+        """A FusedLinear sharing `linear`'s Parameters."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
+        fused = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                    activation=activation, device="meta")
+        fused.weight = linear.weight
+        fused.bias = linear.bias
+        fused.train(linear.training)
+        return fused
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, activation={self.activation}"
+
+
+class FusedMLP(nn.Sequential):
+    """Linear layers with an activation after every one but the last, run as one op.
+
+    Built as nn.Sequential(nn.Linear, Act, nn.Linear, ..., nn.Linear) so that its
+    state_dict ("0.weight", "0.bias", "2.weight", ...) matches that Sequential.
+    """
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        activation: str = "relu",
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        check_activation(activation)
+        sizes = list(sizes)
+        if len(sizes) < 2:
+            raise ValueError(f"FusedMLP needs sizes [in, ..., out] of length >= 2, got {sizes}")
+        layers: list[nn.Module] = []
+        for index, (size_in, size_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            if index > 0:
+                layers.append(activation_module(activation))
+            layers.append(nn.Linear(size_in, size_out, bias=bias, device=device, dtype=dtype))
+        super().__init__(*layers)
+        self.activation = activation
+
+    @classmethod
+    def from_sequential(cls, sequential: nn.Sequential) -> FusedMLP:
+        """A FusedMLP sharing the Linear modules of nn.Sequential(Linear, Act, ..., Linear)."""
+        modules = list(sequential)
+        activation = _chain_activation(modules)
+        if activation is None:
+            raise ValueError(
+                "from_sequential expects nn.Sequential(nn.Linear, Act, nn.Linear, ..., nn.Linear) "
+                "with one activation type (nn.ReLU, nn.GELU, nn.SiLU) and matching sizes"
+            )
+        fused = cls.__new__(cls)
+        nn.Sequential.__init__(fused, *modules)
+        fused.activation = activation
+        fused.train(sequential.training)
+        return fused
+
+    def linears(self) -> list[nn.Linear]:
+        return [module for module in self if isinstance(module, nn.Linear)]
+
+    def forward(self, x: Tensor) -> Tensor:
+        layers = self.linears()
+        return mlp(x, [layer.weight for layer in layers], [layer.bias for layer in layers],
+                   self.activation)
+
+
+def _chain_activation(modules: list[nn.Module]) -> str | None:
+    """The activation of a Linear, Act, Linear, ..., Linear chain with consistent sizes, or None."""
+    if len(modules) % 2 == 0 or any(type(m) is not nn.Linear for m in modules[::2]):
+        return None
+    names = {activation_name(m) for m in modules[1::2]}
+    if len(modules) == 1:
+        names = {"none"}
+    if len(names) != 1 or None in names:
+        return None
+    linears = modules[::2]
+    if any(a.out_features != b.in_features for a, b in zip(linears, linears[1:])):
+        return None
+    return names.pop()
+
+
+class FusedGatedMLP(nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)), the GeGLU / SwiGLU block, as one op."""
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        activation: str = "gelu_tanh",
+        bias: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.activation = check_activation(activation)
+        self.gate_proj = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
+        self.up_proj = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
+        self.down_proj = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
+
+    @classmethod
+    def from_projections(
+        cls, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, activation: str
+    ) -> FusedGatedMLP:
+        """A FusedGatedMLP sharing these Linear modules."""
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.activation = check_activation(activation)
+        fused.gate_proj, fused.up_proj, fused.down_proj = gate_proj, up_proj, down_proj
+        return fused
+
+    def forward(self, x: Tensor) -> Tensor:
+        return gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                         self.activation, self.gate_proj.bias, self.up_proj.bias,
+                         self.down_proj.bias)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"

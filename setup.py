@@ -1,0 +1,130 @@
+"""Builds fusedmlp._C: the C kernels as static libraries (each with its own C
+flags), the CUDA kernels when a CUDA build is possible, and the thin C++ torch
+layer that registers them.
+
+FUSEDMLP_CUDA=1 requires the CUDA build, FUSEDMLP_CUDA=0 skips it; unset, CUDA
+is built when torch is a CUDA build and nvcc is found. TORCH_CUDA_ARCH_LIST
+overrides the default architectures (Ampere and Hopper).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import site
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
+
+
+def find_cuda_home() -> str | None:
+    """The CUDA toolkit root: the one holding nvcc and cuda_runtime.h."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    for home in candidates:
+        if home and (Path(home) / "bin" / "nvcc").exists() and (
+            Path(home) / "include" / "cuda_runtime.h"
+        ).exists():
+            return home
+    return None
+
+
+# torch.utils.cpp_extension reads CUDA_HOME when imported.
+CUDA_HOME = find_cuda_home()
+if CUDA_HOME:
+    os.environ["CUDA_HOME"] = CUDA_HOME
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+
+def want_cuda() -> bool:
+    forced = os.environ.get("FUSEDMLP_CUDA")
+    possible = torch.version.cuda is not None and CUDA_HOME is not None
+    if forced == "1":
+        if not possible:
+            sys.exit(
+                "FUSEDMLP_CUDA=1 but a CUDA build is impossible: "
+                f"torch CUDA version {torch.version.cuda}, CUDA toolkit {CUDA_HOME}"
+            )
+        return True
+    if forced == "0":
+        print("fusedmlp: FUSEDMLP_CUDA=0, building the CPU kernels only")
+        return False
+    if not possible:
+        print(
+            "fusedmlp: building the CPU kernels only "
+            f"(torch CUDA version {torch.version.cuda}, nvcc toolkit {CUDA_HOME})"
+        )
+    return possible
+
+
+def cublaslt_location() -> tuple[str, str, str]:
+    """(include dir, library dir, library file) of cuBLASLt: the toolkit's, or
+    the nvidia-cublas wheel torch depends on."""
+    roots = [Path(CUDA_HOME)] if CUDA_HOME else []
+    for packages in site.getsitepackages() + [site.getusersitepackages()]:
+        roots += [Path(p) for p in glob.glob(os.path.join(packages, "nvidia", "*"))]
+    for root in roots:
+        headers = root / "include" / "cublasLt.h"
+        for lib_dir in (root / "lib64", root / "lib", root / "targets" / "x86_64-linux" / "lib"):
+            libs = sorted(glob.glob(str(lib_dir / "libcublasLt.so*")))
+            if headers.exists() and libs:
+                return str(headers.parent), str(lib_dir), Path(libs[0]).name
+    sys.exit("fusedmlp: CUDA build requested but cuBLASLt (cublasLt.h, libcublasLt.so) not found")
+
+
+def cpu_kernel_library() -> tuple[str, dict]:
+    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cpu").glob("*.c"))
+    flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-fno-math-errno"]
+    return (
+        "fusedmlp_cpu_kernels",
+        {"sources": sources, "include_dirs": ["csrc/include", "csrc/cpu"], "cflags": flags},
+    )
+
+
+def extension():
+    torch_sources = ["csrc/torch/schemas.cpp", "csrc/torch/arguments.cpp",
+                     "csrc/torch/autocast.cpp", "csrc/torch/cpu.cpp"]
+    cxx_flags = ["-O2"]  # torch adds the C++ standard it was built with
+    if not want_cuda():
+        return CppExtension(
+            "fusedmlp._C",
+            torch_sources,
+            include_dirs=[str(ROOT / "csrc" / "include")],
+            extra_compile_args={"cxx": cxx_flags},
+        )
+    include_dir, lib_dir, lib_file = cublaslt_location()
+    print(f"fusedmlp: CUDA build for {os.environ['TORCH_CUDA_ARCH_LIST']}, cuBLASLt {lib_dir}")
+    cuda_sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
+    return CUDAExtension(
+        "fusedmlp._C",
+        torch_sources + ["csrc/torch/cuda.cpp"] + cuda_sources,
+        include_dirs=[str(ROOT / "csrc" / "include"), include_dir],
+        library_dirs=[lib_dir],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", f"-I{include_dir}"]},
+        extra_link_args=[f"-l:{lib_file}"],
+    )
+
+
+class BuildWithKernels(BuildExtension):
+    """Builds the C kernel libraries before the extension that links them."""
+
+    def run(self) -> None:
+        self.run_command("build_clib")
+        super().run()
+
+
+setup(
+    libraries=[cpu_kernel_library()],
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildWithKernels},
+)
