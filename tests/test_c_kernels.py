@@ -12,9 +12,21 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-o
 def build_c_test(source: Path, output: Path) -> None:
     kernels = sorted(str(p) for p in (ROOT / "csrc" / "cpu").glob("*.c"))
     command = [
-        "gcc", "-std=c11", "-g", "-O1", "-Wall", "-Wextra", "-Werror", *SANITIZE,
-        f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc' / 'cpu'}",
-        str(source), *kernels, "-lm", "-o", str(output),
+        "gcc",
+        "-std=c11",
+        "-g",
+        "-O1",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        *SANITIZE,
+        f"-I{ROOT / 'csrc' / 'include'}",
+        f"-I{ROOT / 'csrc' / 'cpu'}",
+        str(source),
+        *kernels,
+        "-lm",
+        "-o",
+        str(output),
     ]
     subprocess.run(command, check=True, capture_output=True, text=True)
 

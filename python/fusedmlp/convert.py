@@ -64,9 +64,9 @@ def _convert(module: nn.Module) -> nn.Module:
 def _whole_module_replacement(module: nn.Module) -> nn.Module | None:
     if type(module) is nn.Linear:
         return FusedLinear.from_linear(module)
-    if type(module) is nn.Sequential and len(module) >= 3:
-        if _chain_activation(list(module)) is not None:
-            return FusedMLP.from_sequential(module)
+    is_sequential = type(module) is nn.Sequential and len(module) >= 3
+    if is_sequential and _chain_activation(list(module)) is not None:
+        return FusedMLP.from_sequential(module)
     return _gated_replacement(module)
 
 
@@ -101,10 +101,14 @@ def _computes_the_same(original: nn.Module, fused: nn.Module, in_features: int) 
     if weight.device.type == "meta":
         return False
     generator = torch.Generator(device=weight.device).manual_seed(0)
-    probe = torch.randn(2, in_features, generator=generator, device=weight.device,
-                        dtype=weight.dtype)
-    tolerance = {"rtol": 1e-2, "atol": 1e-2} if weight.dtype in (torch.float16, torch.bfloat16) \
+    probe = torch.randn(
+        2, in_features, generator=generator, device=weight.device, dtype=weight.dtype
+    )
+    tolerance = (
+        {"rtol": 1e-2, "atol": 1e-2}
+        if weight.dtype in (torch.float16, torch.bfloat16)
         else {"rtol": 1e-4, "atol": 1e-5}
+    )
     try:
         with torch.no_grad():
             expected, actual = original(probe), fused(probe)
