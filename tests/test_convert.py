@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import fusedmlp
 import torch
 from test_gated import GatedBlock
 from torch import nn
-
-import fusedmlp
 
 
 class Block(nn.Module):

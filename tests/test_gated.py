@@ -3,14 +3,13 @@ GeGLU / SwiGLU module written with nn.Linear and F.gelu / F.silu."""
 
 from __future__ import annotations
 
+import fusedmlp
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import ACTIVATIONS, DEVICE_DTYPES, DEVICES, assert_matches_reference
 from torch import nn
 from torch.library import opcheck
-
-import fusedmlp
 
 FUNCTIONAL = {
     "none": lambda t: t,

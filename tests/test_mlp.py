@@ -1,7 +1,8 @@
-"""fusedmlp.mlp, the fusedmlp::mlp op and FusedMLP against nn.Sequential of nn.Linear + activations."""
+"""fusedmlp.mlp, the fusedmlp::mlp op and FusedMLP against nn.Sequential of Linear + activations."""
 
 from __future__ import annotations
 
+import fusedmlp
 import pytest
 import torch
 from conftest import (
@@ -14,8 +15,6 @@ from conftest import (
 )
 from torch import nn
 from torch.library import opcheck
-
-import fusedmlp
 
 
 def reference_mlp(x, weights, biases, activation):
