@@ -30,7 +30,7 @@ step build 150 env TORCH_CUDA_ARCH_LIST=9.0 FUSEDMLP_CUDA=1 \
   python -m pip install --no-build-isolation --no-deps -e .
 step tests 150 python -m pytest -q -x -k "cuda or CUDA" tests/test_linear.py tests/test_mlp.py \
   tests/test_gated.py tests/test_convert.py
-step profile 120 python -m fusedmlp.profile --device cuda --out "$results/profile"
+step profile 200 python -m fusedmlp.profile --device cuda --iters 20 --out "$results/profile"
 step bench 120 python -m fusedmlp.bench --device cuda --out "$results/bench"
 echo "== done, status $status; results in $results"
 exit $status
