@@ -26,10 +26,7 @@ void check_same(const char *op, const char *name, const at::Tensor &t, const at:
 
 void check_x(const char *op, const at::Tensor &x, const std::vector<at::ScalarType> &dtypes) {
   TORCH_CHECK(x.dim() >= 1, op, ": x must have shape (*, in_features), got a 0-d tensor");
-  bool supported = false;
-  for (const auto dtype : dtypes) supported = supported || x.scalar_type() == dtype;
-  TORCH_CHECK_TYPE(supported, op, ": x has dtype ", x.scalar_type(), ", but on ",
-                   x.device().type(), " only ", dtype_names(dtypes), " are supported");
+  check_dtype(op, "x", x, dtypes);
 }
 
 void check_weight(const char *op, const std::string &name, const at::Tensor &w,
@@ -50,6 +47,14 @@ void check_bias(const char *op, const std::string &name, const std::optional<at:
 }
 
 }  // namespace
+
+void check_dtype(const char *op, const char *name, const at::Tensor &t,
+                 const std::vector<at::ScalarType> &dtypes) {
+  bool supported = false;
+  for (const auto dtype : dtypes) supported = supported || t.scalar_type() == dtype;
+  TORCH_CHECK_TYPE(supported, op, ": ", name, " has dtype ", t.scalar_type(), ", but on ",
+                   t.device().type(), " only ", dtype_names(dtypes), " are supported");
+}
 
 fmlp_activation parse_activation(c10::string_view name) {
   for (size_t i = 0; i < kActivationNames.size(); ++i) {
