@@ -64,13 +64,17 @@ def _check_same(op: str, name: str, t: Tensor | None, x: Tensor) -> None:
         return
     torch._check(
         t.dtype == x.dtype,
-        lambda: f"{op}: {name} has dtype {t.dtype} but x has dtype {x.dtype}; "
-        "all tensors must share one dtype",
+        lambda: (
+            f"{op}: {name} has dtype {t.dtype} but x has dtype {x.dtype}; "
+            "all tensors must share one dtype"
+        ),
     )
     torch._check(
         t.device == x.device,
-        lambda: f"{op}: {name} is on {t.device} but x is on {x.device}; "
-        "all tensors must be on one device",
+        lambda: (
+            f"{op}: {name} is on {t.device} but x is on {x.device}; "
+            "all tensors must be on one device"
+        ),
     )
 
 
@@ -92,8 +96,10 @@ def _check_weight(op: str, name: str, weight: Tensor, features: int, x: Tensor) 
     )
     torch._check(
         weight.shape[1] == features,
-        lambda: f"{op}: {name} has shape {tuple(weight.shape)} and expects {weight.shape[1]} "
-        f"input features, but its input has {features}",
+        lambda: (
+            f"{op}: {name} has shape {tuple(weight.shape)} and expects {weight.shape[1]} "
+            f"input features, but its input has {features}"
+        ),
     )
     _check_same(op, name, weight, x)
 
@@ -117,8 +123,10 @@ def _check_count(op: str, weight: str, what: str, x: Tensor, width: object) -> N
     if isinstance(rows, int) and isinstance(width, int):
         torch._check(
             rows * width <= _INT64_MAX,
-            lambda: f"{op}: x has {rows} rows and {weight} has {width} output features "
-            f"in all: {what} would have more elements than int64 can count",
+            lambda: (
+                f"{op}: x has {rows} rows and {weight} has {width} output features "
+                f"in all: {what} would have more elements than int64 can count"
+            ),
         )
 
 
@@ -129,8 +137,10 @@ def _chain_fake(
     torch._check(len(weights) > 0, lambda: f"{op}: weights must hold at least one weight")
     torch._check(
         len(biases) in (0, len(weights)),
-        lambda: f"{op}: got {len(weights)} weights but {len(biases)} biases; "
-        "pass one bias per weight, or none",
+        lambda: (
+            f"{op}: got {len(weights)} weights but {len(biases)} biases; "
+            "pass one bias per weight, or none"
+        ),
     )
     features = x.shape[-1]
     for index, weight in enumerate(weights):
@@ -158,8 +168,10 @@ def _gated_fake(
     _check_weight(op, "w_up", w_up, x.shape[-1], x)
     torch._check(
         w_up.shape[0] == w_gate.shape[0],
-        lambda: f"{op}: w_gate has shape {tuple(w_gate.shape)} but w_up has shape "
-        f"{tuple(w_up.shape)}; both must be (hidden, dim)",
+        lambda: (
+            f"{op}: w_gate has shape {tuple(w_gate.shape)} but w_up has shape "
+            f"{tuple(w_up.shape)}; both must be (hidden, dim)"
+        ),
     )
     _check_weight(op, "w_down", w_down, w_gate.shape[0], x)
     names = ("bias_gate", "bias_up", "bias_down")
@@ -176,8 +188,10 @@ def _pointwise_fake(op: str, grad: Tensor, others: dict[str, Tensor]) -> None:
     for name, t in others.items():
         torch._check(
             t.shape == grad.shape,
-            lambda name=name, t=t: f"{op}: {name} must have the shape of grad, "
-            f"{tuple(grad.shape)}, got {tuple(t.shape)}",
+            lambda name=name, t=t: (
+                f"{op}: {name} must have the shape of grad, "
+                f"{tuple(grad.shape)}, got {tuple(t.shape)}"
+            ),
         )
         torch._check(
             t.dtype == grad.dtype and t.device == grad.device,
