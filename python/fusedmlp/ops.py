@@ -311,6 +311,19 @@ def _gated_backward(
     )
 
 
+def _refuse_double_backward(op: str, differentiable: bool) -> None:
+    """The backward reads pre-activations and hidden outputs from `saved`, which autograd
+    cannot differentiate through, and fusedmlp::activation_backward / gated_backward have no
+    derivative: under create_graph=True second-order gradients would silently lose terms
+    (a ReLU mlp's gradient penalty came out wrong). Refuse them unless the backward is made of
+    differentiable matmuls only."""
+    if torch.is_grad_enabled() and not differentiable:
+        raise RuntimeError(
+            f"fusedmlp.{op}: double backward (create_graph=True) is not supported; "
+            "use torch.nn.Linear and activation modules for higher-order gradients"
+        )
+
+
 def _save(ctx, x: Tensor, saved: Tensor, weights: list[Tensor], biases: list) -> None:
     ctx.save_for_backward(x, saved, *weights, *[b for b in biases if b is not None])
     ctx.n_weights = len(weights)
@@ -359,6 +372,8 @@ class _ChainOp:
             ctx.activation, ctx.recompute = activation, not training
 
         def backward(ctx, grad_y: Tensor, *_unused):
+            # One layer without activation differentiates only through x and weight.
+            _refuse_double_backward(self.name, self.single_layer and ctx.activation == "none")
             x, saved, weights, biases = _saved_inputs(ctx)
             if ctx.recompute:
                 saved = train_op(*self.pack(x, weights, biases, ctx.activation))[1]
@@ -399,6 +414,7 @@ def _register_gated() -> None:
         ctx.activation, ctx.recompute = activation, not training
 
     def backward(ctx, grad_y: Tensor, *_unused):
+        _refuse_double_backward("gated_mlp", False)
         x, saved, weights, biases = _saved_inputs(ctx)
         if ctx.recompute:
             saved = _ops.gated_mlp_train(x, *weights, *biases, ctx.activation)[1]
