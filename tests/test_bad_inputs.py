@@ -814,3 +814,38 @@ def test_nan_in_gated_mlp_matches_pytorch() -> None:
     expected = F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
     torch.testing.assert_close(actual, expected, equal_nan=True)
     assert actual[1].isnan().all() and actual[0].isfinite().all()
+
+
+# ---- double backward: refused with a clear error, never silently wrong ----
+
+
+def _double_backward_calls() -> dict[str, Callable[[Tensor], Tensor]]:
+    w = _x(5, 4, dtype=torch.float64).requires_grad_()
+    w2 = _x(2, 5, dtype=torch.float64)
+    g, u, d = (_x(*s, dtype=torch.float64) for s in ((6, 4), (6, 4), (4, 6)))
+    return {
+        "linear-relu": lambda x: fusedmlp.linear(x, w, None, "relu"),
+        "linear-gelu": lambda x: fusedmlp.linear(x, w, None, "gelu"),
+        "mlp-none": lambda x: fusedmlp.mlp(x, [w, w2], None, "none"),
+        "mlp-relu": lambda x: fusedmlp.FusedMLP([4, 5, 2], dtype=torch.float64)(x),
+        "gated-none": lambda x: fusedmlp.gated_mlp(x, g, u, d, "none"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_double_backward_calls()))
+def test_double_backward_is_refused(name: str) -> None:
+    """The backward reads saved activations autograd cannot see through: second-order
+    gradients would lose terms (they did, silently, before this check)."""
+    x = _x(3, 4, dtype=torch.float64).requires_grad_()
+    y = _double_backward_calls()[name](x)
+    with pytest.raises(RuntimeError, match=r"double backward \(create_graph=True\) is not supp"):
+        torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    # First-order gradients are unaffected.
+    y = _double_backward_calls()[name](x)
+    assert torch.autograd.grad(y.square().sum(), x)[0].shape == x.shape
+
+
+def test_double_backward_of_plain_linear_is_exact() -> None:
+    """One layer without activation differentiates only through x and weight: allowed."""
+    x, w, b = (_x(*s, dtype=torch.float64).requires_grad_() for s in ((3, 4), W, (5,)))
+    assert torch.autograd.gradgradcheck(lambda x, w, b: fusedmlp.linear(x, w, b), (x, w, b))
