@@ -145,7 +145,8 @@ def _linear_rows() -> list[Row]:
             "huge meta overflow",
             lambda: (_x(2**40, 4, device="meta"), _x(2**30, 4, device="meta"), None, "none"),
             RuntimeError,
-            r"x has 1099511627776 rows and weight.* int64",
+            r"x has 1099511627776 rows and the weights have 1073741824 output features: the output "
+            r"and saved activations would have more elements than int64 can count",
         ),
     ]
     for dtype, name in [
@@ -402,6 +403,17 @@ def _gated_rows() -> list[Row]:
             RuntimeError,
             r"x has 4611686018427387904 rows and w_gate has 4 output features: "
             r"the saved gate, up and product activations would have more elements than int64",
+        ),
+        (
+            "meta saved size overflow",
+            lambda: _gated(
+                x=_x(2**40, 4, device="meta"),
+                w_gate=_x(2**30, 4, device="meta"),
+                w_up=_x(2**30, 4, device="meta"),
+                w_down=_x(4, 2**30, device="meta"),
+            ),
+            RuntimeError,
+            r"x has 1099511627776 rows and w_gate has 1073741824 output features: the saved gate",
         ),
         (
             "output size overflow",

@@ -117,15 +117,16 @@ def _check_bias(op: str, name: str, bias: Tensor | None, features: int, x: Tenso
 _INT64_MAX = 2**63 - 1
 
 
-def _check_count(op: str, weight: str, what: str, x: Tensor, width: object) -> None:
-    """The C++ check_count: rows * width must fit int64 (checked when sizes are concrete)."""
+def _check_count(op: str, weight: str, what: str, x: Tensor, width: object, copies: int) -> None:
+    """The C++ check_count: rows * width * copies must fit int64 (checked when sizes are
+    concrete; symbolic sizes are left to the real kernel)."""
     rows = _rows(x)
     if isinstance(rows, int) and isinstance(width, int):
         torch._check(
-            rows * width <= _INT64_MAX,
+            rows * width * copies <= _INT64_MAX,
             lambda: (
-                f"{op}: x has {rows} rows and {weight} has {width} output features "
-                f"in all: {what} would have more elements than int64 can count"
+                f"{op}: x has {rows} rows and {weight} {width} output features: "
+                f"{what} would have more elements than int64 can count"
             ),
         )
 
@@ -149,7 +150,7 @@ def _chain_fake(
         features = weight.shape[0]
         _check_bias(op, f"bias{suffix}", biases[index] if biases else None, features, x)
     widths = [x.shape[-1]] + [w.shape[0] for w in weights]
-    _check_count(op, "weights", "the output and saved activations", x, 2 * sum(widths[1:]))
+    _check_count(op, "the weights have", "the output and saved activations", x, sum(widths[1:]), 2)
     _, total = chain_layout(_rows(x), widths, hidden, final)
     y = x.new_empty((*x.shape[:-1], weights[-1].shape[0]))
     return y, x.new_empty((total,))
@@ -178,8 +179,8 @@ def _gated_fake(
     widths = (w_gate.shape[0], w_up.shape[0], w_down.shape[0])
     for name, bias, features in zip(names, biases, widths, strict=True):
         _check_bias(op, name, bias, features, x)
-    _check_count(op, "w_gate", "the saved gate, up and product activations", x, widths[0] * 3)
-    _check_count(op, "w_down", "the output", x, widths[2])
+    _check_count(op, "w_gate has", "the saved gate, up and product activations", x, widths[0], 3)
+    _check_count(op, "w_down has", "the output", x, widths[2], 1)
     y = x.new_empty((*x.shape[:-1], w_down.shape[0]))
     return y, x.new_empty((3, _rows(x), w_gate.shape[0]))
 
