@@ -758,25 +758,8 @@ def test_special_values_forward(activation: str, dtype: torch.dtype) -> None:
     torch.testing.assert_close(y.double(), expected, equal_nan=True, rtol=1e-2, atol=1e-6)
 
 
-def _relu_nan_grad_case(activation: str) -> list:
-    if activation != "relu":
-        return []
-    return [
-        pytest.mark.xfail(
-            strict=True,
-            reason=(
-                "CPU ReLU backward uses `pre > 0 ? grad : 0`, so at pre = NaN the gradient is 0; "
-                "torch's threshold_backward uses `pre <= 0 ? 0 : grad` and passes it through. "
-                "Reported; fix in csrc/cpu/activation.h (and csrc/cuda/pointwise.cu)."
-            ),
-        )
-    ]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(
-    "activation", [pytest.param(a, marks=_relu_nan_grad_case(a)) for a in ACTIVATIONS]
-)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_special_values_backward(activation: str, dtype: torch.dtype) -> None:
     """Gradients at NaN, +-Inf, +-0 and huge pre-activations match PyTorch's in the same
     precision: whether an intermediate overflows depends on it (float32 tanh-GELU's gradient

@@ -47,7 +47,8 @@ static void FN(activation_grad_row)(REAL *grad, const REAL *pre, int64_t n,
                                     fmlp_activation activation) {
   switch (activation) {
     case FMLP_ACT_RELU:
-      for (int64_t i = 0; i < n; ++i) grad[i] = pre[i] > 0 ? grad[i] : (REAL)0;
+      /* as torch's threshold_backward: a NaN pre-activation passes the gradient */
+      for (int64_t i = 0; i < n; ++i) grad[i] = pre[i] <= 0 ? (REAL)0 : grad[i];
       return;
     case FMLP_ACT_GELU:
       for (int64_t i = 0; i < n; ++i) {

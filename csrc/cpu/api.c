@@ -32,10 +32,12 @@ static fmlp_status check_chain(const fmlp_cpu_chain_args *a) {
     return FMLP_ERR_INVALID_ARGUMENT;
   }
   fmlp_status status = check_extent(a->x.data, a->rows, a->widths[0]);
+  int64_t hidden_count; /* every layer's rows x width must be countable, for scratch */
   for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
     status = check_extent(a->weights[l].data, a->widths[l + 1], a->widths[l]);
-    if (status == FMLP_OK) status = check_extent(a->y, a->rows, a->widths[l + 1]);
+    if (status == FMLP_OK) status = check_count(a->rows, a->widths[l + 1], &hidden_count);
   }
+  if (status == FMLP_OK) status = check_extent(a->y, a->rows, a->widths[a->n_layers]);
   return status;
 }
 

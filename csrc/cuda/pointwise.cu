@@ -38,7 +38,7 @@ __device__ inline float activate(float z, fmlp_activation activation) {
 
 __device__ inline float activation_grad(float z, fmlp_activation activation) {
   switch (activation) {
-    case FMLP_ACT_RELU: return z > 0.f ? 1.f : 0.f;
+    case FMLP_ACT_RELU: return 1.f;  // the zero side is selected in backward_of()
     case FMLP_ACT_GELU:
       return 0.5f * (1.f + erff(z * kInvSqrt2)) + z * kInvSqrt2Pi * expf(-0.5f * z * z);
     case FMLP_ACT_GELU_TANH: {
@@ -52,6 +52,13 @@ __device__ inline float activation_grad(float z, fmlp_activation activation) {
     }
     default: return 1.f;
   }
+}
+
+// grad * act'(z); for ReLU a select, as torch's threshold_backward: a NaN z passes
+// the gradient and an infinite gradient where z <= 0 gives 0, not NaN.
+__device__ inline float backward_of(float grad, float z, fmlp_activation activation) {
+  if (activation == FMLP_ACT_RELU) return z <= 0.f ? 0.f : grad;
+  return grad * activation_grad(z, activation);
 }
 
 enum class Pointwise { kActivate, kActivationBackward, kGateProduct, kGatedBackward };
@@ -68,12 +75,12 @@ __global__ void pointwise_kernel(int64_t n, fmlp_activation activation, const T 
     if (op == Pointwise::kActivate) {
       out0[i] = from_float<T>(activate(va, activation));
     } else if (op == Pointwise::kActivationBackward) {
-      out0[i] = from_float<T>(va * activation_grad(to_float(b[i]), activation));
+      out0[i] = from_float<T>(backward_of(va, to_float(b[i]), activation));
     } else if (op == Pointwise::kGateProduct) {
       out0[i] = from_float<T>(activate(va, activation) * to_float(b[i]));
     } else {
       const float gate = to_float(b[i]);
-      out0[i] = from_float<T>(va * to_float(c[i]) * activation_grad(gate, activation));
+      out0[i] = from_float<T>(backward_of(va * to_float(c[i]), gate, activation));
       out1[i] = from_float<T>(va * activate(gate, activation));
     }
   }
