@@ -82,13 +82,37 @@ def cublaslt_location() -> tuple[str, str, str]:
     sys.exit("fusedmlp: CUDA build requested but cuBLASLt (cublasLt.h, libcublasLt.so) not found")
 
 
-def cpu_kernel_library() -> tuple[str, dict]:
-    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cpu").glob("*.c"))
-    flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-fno-math-errno"]
-    return (
-        "fusedmlp_cpu_kernels",
-        {"sources": sources, "include_dirs": ["csrc/include", "csrc/cpu"], "cflags": flags},
+# The float kernels for each instruction set live in their own translation
+# unit, built into their own static library with their own flags; everything
+# else (API, ISA choice, the portable and double kernels) is built for any
+# x86-64 CPU. The API picks an ISA at run time from CPUID.
+CPU_ISA_FLAGS = {
+    "avx2": ["-mavx2", "-mfma"],
+    "avx512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma"],
+}
+
+
+def cpu_kernel_libraries() -> list[tuple[str, dict]]:
+    cpu_dir = ROOT / "csrc" / "cpu"
+    isa_sources = {isa: f"csrc/cpu/kernels_f32_{isa}.c" for isa in CPU_ISA_FLAGS}
+    portable = sorted(
+        str(p.relative_to(ROOT))
+        for p in cpu_dir.glob("*.c")
+        if str(p.relative_to(ROOT)) not in isa_sources.values()
     )
+    flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-fno-math-errno"]
+    common = {"include_dirs": ["csrc/include", "csrc/cpu"]}
+    # The portable library comes first: the linker resolves its references to
+    # the ISA libraries that follow it.
+    libraries = [("fusedmlp_cpu_kernels", {**common, "sources": portable, "cflags": flags})]
+    for isa, isa_flags in CPU_ISA_FLAGS.items():
+        libraries.append(
+            (
+                f"fusedmlp_cpu_kernels_{isa}",
+                {**common, "sources": [isa_sources[isa]], "cflags": flags + isa_flags},
+            )
+        )
+    return libraries
 
 
 def extension():
@@ -124,7 +148,7 @@ class BuildWithKernels(BuildExtension):
 
 
 setup(
-    libraries=[cpu_kernel_library()],
+    libraries=cpu_kernel_libraries(),
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildWithKernels},
 )

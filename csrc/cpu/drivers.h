@@ -16,6 +16,9 @@
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
                                      int64_t activation_elems_per_row) {
   const int64_t threads = n_threads > 0 ? n_threads : 1;
+  /* Weights read in place (few rows): one block, as the transposed kernel
+   * puts rows in vector lanes and splitting them would leave lanes empty. */
+  if (rows <= GEMM_UNPACKED_MAX_ROWS) return rows;
   const int64_t per_thread = (rows + threads - 1) / threads;
   int64_t block = per_thread;
   if (weight_elems * (int64_t)sizeof(REAL) <= CACHE_RESIDENT_WEIGHT_BYTES) {
@@ -26,16 +29,6 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
   }
   if (block > per_thread) block = per_thread;
   return block > 0 ? block : 1;
-}
-
-static void FN(run_tasks)(const fmlp_threading *threading, int64_t n_tasks, void *job,
-                          fmlp_task_fn fn) {
-  if (threading != NULL && threading->parallel_for != NULL && threading->n_threads > 1 &&
-      n_tasks > 1) {
-    threading->parallel_for(threading->pool, n_tasks, job, fn);
-  } else {
-    fn(job, 0, n_tasks);
-  }
 }
 
 static void FN(free_packed)(FN(packed_weight) *packed, int64_t count) {
@@ -51,7 +44,7 @@ static REAL *FN(rows_at)(void *base, int64_t row, int64_t stride) {
 typedef struct {
   const fmlp_cpu_chain_args *args;
   const FN(packed_weight) *packed;
-  int64_t block_rows, max_hidden;
+  int64_t block_rows, max_hidden, input_pack_elems;
   atomic_int status;
 } FN(chain_job);
 
@@ -84,7 +77,7 @@ static void FN(chain_block)(const FN(chain_job) *job, int64_t r0, int64_t rows, 
 static void FN(chain_task)(void *context, int64_t begin, int64_t end) {
   FN(chain_job) *job = context;
   const fmlp_cpu_chain_args *a = job->args;
-  REAL *input_pack = FN(alloc_input_pack)();
+  REAL *input_pack = fmlp_alloc_scratch(job->input_pack_elems, sizeof(REAL));
   REAL *ping_pong_data = fmlp_alloc_scratch(2 * job->block_rows * job->max_hidden, sizeof(REAL));
   if (input_pack == NULL || ping_pong_data == NULL) {
     atomic_store(&job->status, FMLP_ERR_OUT_OF_MEMORY);
@@ -105,15 +98,20 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
   FN(packed_weight) *packed = calloc((size_t)a->n_layers, sizeof(*packed));
   if (packed == NULL) return FMLP_ERR_OUT_OF_MEMORY;
   fmlp_status status = FMLP_OK;
-  int64_t weight_elems = 0, max_hidden = 0, row_elems = a->widths[0];
+  int64_t weight_elems = 0, max_hidden = 0, max_k = 0, row_elems = a->widths[0];
   for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
-    status = FN(pack_weight)(a->weights[l], a->widths[l + 1], a->widths[l], &packed[l]);
+    status = FN(pack_weight)(a->weights[l], a->widths[l + 1], a->widths[l], a->rows, threading,
+                             &packed[l]);
     weight_elems += a->widths[l + 1] * a->widths[l];
     row_elems += a->widths[l + 1];
     if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
+    if (a->widths[l] > max_k) max_k = a->widths[l];
   }
+  const int64_t input_pack_elems = FN(input_pack_elems)(max_k);
+  if (status == FMLP_OK && input_pack_elems < 0) status = FMLP_ERR_SIZE_OVERFLOW;
   if (status == FMLP_OK) {
-    FN(chain_job) job = {.args = a, .packed = packed, .max_hidden = max_hidden};
+    FN(chain_job) job = {.args = a, .packed = packed, .max_hidden = max_hidden,
+                         .input_pack_elems = input_pack_elems};
     job.block_rows = FN(choose_block_rows)(a->rows, threading ? threading->n_threads : 1,
                                            weight_elems, row_elems);
     atomic_init(&job.status, FMLP_OK);
@@ -131,7 +129,7 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
 typedef struct {
   const fmlp_cpu_gated_args *args;
   FN(packed_weight) gate, up, down;
-  int64_t block_rows;
+  int64_t block_rows, input_pack_elems;
   atomic_int status;
 } FN(gated_job);
 
@@ -139,7 +137,7 @@ typedef struct {
 static void FN(gate_product_row)(const REAL *gate, const REAL *up, int64_t n,
                                  fmlp_activation activation, REAL *product) {
   memcpy(product, gate, (size_t)n * sizeof(REAL));
-  FN(activate_row)(product, n, activation);
+  FN(activate_span)(product, n, activation);
   for (int64_t j = 0; j < n; ++j) product[j] *= up[j];
 }
 
@@ -165,7 +163,7 @@ static void FN(gated_block)(const FN(gated_job) *job, int64_t r0, int64_t rows,
 static void FN(gated_task)(void *context, int64_t begin, int64_t end) {
   FN(gated_job) *job = context;
   const fmlp_cpu_gated_args *a = job->args;
-  REAL *input_pack = FN(alloc_input_pack)();
+  REAL *input_pack = fmlp_alloc_scratch(job->input_pack_elems, sizeof(REAL));
   REAL *scratch = fmlp_alloc_scratch(3 * job->block_rows * a->hidden, sizeof(REAL));
   if (input_pack == NULL || scratch == NULL) {
     atomic_store(&job->status, FMLP_ERR_OUT_OF_MEMORY);
@@ -183,9 +181,16 @@ static void FN(gated_task)(void *context, int64_t begin, int64_t end) {
 fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threading *threading) {
   if (a->rows == 0) return FMLP_OK;
   FN(gated_job) job = {.args = a};
-  fmlp_status status = FN(pack_weight)(a->w_gate, a->hidden, a->dim, &job.gate);
-  if (status == FMLP_OK) status = FN(pack_weight)(a->w_up, a->hidden, a->dim, &job.up);
-  if (status == FMLP_OK) status = FN(pack_weight)(a->w_down, a->out_dim, a->hidden, &job.down);
+  fmlp_status status =
+      FN(pack_weight)(a->w_gate, a->hidden, a->dim, a->rows, threading, &job.gate);
+  if (status == FMLP_OK) {
+    status = FN(pack_weight)(a->w_up, a->hidden, a->dim, a->rows, threading, &job.up);
+  }
+  if (status == FMLP_OK) {
+    status = FN(pack_weight)(a->w_down, a->out_dim, a->hidden, a->rows, threading, &job.down);
+  }
+  job.input_pack_elems = FN(input_pack_elems)(a->dim > a->hidden ? a->dim : a->hidden);
+  if (status == FMLP_OK && job.input_pack_elems < 0) status = FMLP_ERR_SIZE_OVERFLOW;
   if (status == FMLP_OK) {
     const int64_t weight_elems = a->hidden * (2 * a->dim + a->out_dim);
     job.block_rows = FN(choose_block_rows)(a->rows, threading ? threading->n_threads : 1,
@@ -222,7 +227,7 @@ static void FN(pointwise_backward_task)(void *context, int64_t begin, int64_t en
       /* grad_up = grad * act(gate); grad_gate = grad * up * act'(gate) */
       REAL *grad_up = job->grad_up + start;
       memcpy(grad_up, job->pre + start, (size_t)len * sizeof(REAL));
-      FN(activate_row)(grad_up, len, job->activation);
+      FN(activate_span)(grad_up, len, job->activation);
       for (int64_t i = 0; i < len; ++i) {
         grad_up[i] *= job->grad[start + i];
         grad_pre[i] = job->grad[start + i] * job->up[start + i];

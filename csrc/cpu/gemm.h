@@ -1,53 +1,112 @@
-/* Cache-blocked GEMM with a fused epilogue (template: see real_template.h).
+/* Cache-blocked GEMM with a fused epilogue (template: see real_template.h;
+ * SIMD translation units also include their simd_<isa>.h first).
  *
- * Goto/BLIS shape: the whole weight is packed once into NR-wide column
- * panels; for each NC x KC block of it, MC x KC blocks of the input are packed
- * into MR-tall row panels and a register-tiled micro-kernel updates an
+ * Goto/BLIS shape: the weight is packed into NR-wide column panels (in
+ * parallel); for each NC x KC block of it, MC x KC blocks of the input are
+ * packed into MR-tall row panels and a register-tiled micro-kernel updates an
  * MR x NR tile of the output. On the last K block the micro-kernel adds the
  * bias (started on the first), applies the activation and stores, so the
- * output is written once in its final form. */
+ * output is written once in its final form.
+ *
+ * Small row counts skip packing the weight (it would cost as much as the
+ * product): the SIMD kernels then compute the transposed product, reading
+ * weight rows in place. */
 #include <string.h>
 
 #include "activation.h"
 #include "fusedmlp/cpu.h"
 #include "memory.h"
 
+#ifdef FMLP_SIMD_WIDTH
+/* MR x NV accumulators, NV loads of b and one broadcast fill the register
+ * file: 12 x 2 zmm (AVX-512), 6 x 2 ymm (AVX2). */
+#if FMLP_SIMD_REGISTERS >= 32
+#define GEMM_MR 12
+#else
+#define GEMM_MR 6
+#endif
+#define GEMM_NR ((int64_t)(2 * FMLP_SIMD_WIDTH))
+/* A KC x NR weight micro-panel (32 KiB for AVX-512) stays in L1 while the
+ * MC x KC input block (192 KiB) stays in L2. */
+#define GEMM_KC 256
+#define GEMM_MC (GEMM_MR * 16)
+#define GEMM_NC 1024
+/* Up to this many rows the weight is read in place rather than packed
+ * (chosen with `python -m fusedmlp.bench`: packing a weight costs about as
+ * much as multiplying it by this many rows). */
+#define GEMM_UNPACKED_MAX_ROWS ((int64_t)(2 * GEMM_NR))
+#else
 #define GEMM_MR 4
 #define GEMM_NR ((int64_t)(64 / sizeof(REAL))) /* one cache line of REAL */
 #define GEMM_KC 256
 #define GEMM_MC 64
 #define GEMM_NC 1024
+#define GEMM_UNPACKED_MAX_ROWS ((int64_t)0) /* the portable kernel always packs */
+#endif
+
+/* Weight panels packed per parallel task. */
+#define PACK_PANELS_PER_TASK ((int64_t)8)
+
+static void FN(run_tasks)(const fmlp_threading *threading, int64_t n_tasks, void *job,
+                          fmlp_task_fn fn) {
+  if (threading != NULL && threading->parallel_for != NULL && threading->n_threads > 1 &&
+      n_tasks > 1) {
+    threading->parallel_for(threading->pool, n_tasks, job, fn);
+  } else {
+    fn(job, 0, n_tasks);
+  }
+}
 
 /* A weight [n, k] packed into ceil(n / NR) panels of k rows by NR columns,
  * zero-padded past n: element (row j, col kk) of W lives at
- * data[(j / NR) * k * NR + kk * NR + j % NR]. */
+ * data[(j / NR) * k * NR + kk * NR + j % NR]. data == NULL: not packed, the
+ * kernels read `source` in place (unit column stride). */
 typedef struct {
   REAL *data;
+  fmlp_input source;
   int64_t n, k;
 } FN(packed_weight);
 
-static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k,
-                                   FN(packed_weight) *packed) {
+static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
+  const FN(packed_weight) *packed = context;
+  const int64_t n = packed->n, k = packed->k, n_panels = (n + GEMM_NR - 1) / GEMM_NR;
+  const REAL *src = packed->source.data;
+  const int64_t rs = packed->source.row_stride, cs = packed->source.col_stride;
+  const int64_t first = begin * PACK_PANELS_PER_TASK;
+  const int64_t last = end * PACK_PANELS_PER_TASK < n_panels ? end * PACK_PANELS_PER_TASK
+                                                             : n_panels;
+  for (int64_t p = first; p < last; ++p) {
+    REAL *panel = packed->data + p * k * GEMM_NR;
+    for (int64_t jj = 0; jj < GEMM_NR; ++jj) {
+      const int64_t j = p * GEMM_NR + jj;
+      if (j >= n) {
+        for (int64_t kk = 0; kk < k; ++kk) panel[kk * GEMM_NR + jj] = (REAL)0;
+        continue;
+      }
+      const REAL *row = src + j * rs;
+      for (int64_t kk = 0; kk < k; ++kk) panel[kk * GEMM_NR + jj] = row[kk * cs];
+    }
+  }
+}
+
+/* Whether a weight multiplied into `rows` rows is read in place. */
+static int FN(weight_stays_unpacked)(fmlp_input w, int64_t rows) {
+  return rows <= GEMM_UNPACKED_MAX_ROWS && w.col_stride == 1;
+}
+
+static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t rows,
+                                   const fmlp_threading *threading, FN(packed_weight) *packed) {
+  *packed = (FN(packed_weight)){.data = NULL, .source = w, .n = n, .k = k};
+  if (FN(weight_stays_unpacked)(w, rows) || n == 0 || k == 0) return FMLP_OK;
   const int64_t n_panels = (n + GEMM_NR - 1) / GEMM_NR;
   int64_t count;
   if (!fmlp_checked_mul(n_panels, k, &count) || !fmlp_checked_mul(count, GEMM_NR, &count)) {
     return FMLP_ERR_SIZE_OVERFLOW;
   }
-  REAL *data = fmlp_alloc_scratch(count, sizeof(REAL));
-  if (data == NULL) return FMLP_ERR_OUT_OF_MEMORY;
-  const REAL *src = w.data;
-  for (int64_t p = 0; p < n_panels; ++p) {
-    REAL *panel = data + p * k * GEMM_NR;
-    for (int64_t jj = 0; jj < GEMM_NR; ++jj) {
-      const int64_t j = p * GEMM_NR + jj;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        panel[kk * GEMM_NR + jj] = j < n ? src[j * w.row_stride + kk * w.col_stride] : (REAL)0;
-      }
-    }
-  }
-  packed->data = data;
-  packed->n = n;
-  packed->k = k;
+  packed->data = fmlp_alloc_scratch(count, sizeof(REAL));
+  if (packed->data == NULL) return FMLP_ERR_OUT_OF_MEMORY;
+  FN(run_tasks)(threading, (n_panels + PACK_PANELS_PER_TASK - 1) / PACK_PANELS_PER_TASK, packed,
+                FN(pack_weight_panels));
   return FMLP_OK;
 }
 
@@ -76,6 +135,15 @@ typedef struct {
   int first_k_block; /* start from the bias rather than from c */
   int last_k_block;  /* finish: save the pre-activation, activate */
 } FN(tile_epilogue);
+
+#ifdef FMLP_SIMD_WIDTH
+#include "vector_math.h"
+#include "microkernel_simd.h"
+#define FMLP_MICROKERNEL FN(microkernel_packed)
+#else
+static void FN(activate_span)(REAL *v, int64_t n, fmlp_activation activation) {
+  FN(activate_row)(v, n, activation);
+}
 
 static void FN(finish_tile)(REAL acc[GEMM_MR][GEMM_NR], int64_t rows, int64_t cols, REAL *c,
                             int64_t ldc, const FN(tile_epilogue) *ep) {
@@ -111,6 +179,8 @@ static void FN(microkernel_portable)(int64_t kc, const REAL *restrict a, const R
   }
   FN(finish_tile)(acc, rows, cols, c, ldc, ep);
 }
+#define FMLP_MICROKERNEL FN(microkernel_portable)
+#endif
 
 /* With K == 0 the product is empty: the output is act(bias), or act(0). */
 static void FN(fill_empty_product)(int64_t rows, int64_t n, const REAL *bias,
@@ -120,23 +190,76 @@ static void FN(fill_empty_product)(int64_t rows, int64_t n, const REAL *bias,
     REAL *row = c + i * ldc;
     for (int64_t j = 0; j < n; ++j) row[j] = bias != NULL ? bias[j] : (REAL)0;
     if (pre != NULL) memcpy(pre + i * pre_stride, row, (size_t)n * sizeof(REAL));
-    FN(activate_row)(row, n, activation);
+    FN(activate_span)(row, n, activation);
   }
 }
 
-/* Scratch one thread needs for gemm_rows. */
-static REAL *FN(alloc_input_pack)(void) {
-  return fmlp_alloc_scratch((int64_t)GEMM_MC * GEMM_KC, sizeof(REAL));
+/* Elements of scratch one thread needs for gemm_rows with K up to max_k;
+ * -1 on overflow. */
+static int64_t FN(input_pack_elems)(int64_t max_k) {
+  int64_t unpacked = 0;
+  if (GEMM_UNPACKED_MAX_ROWS > 0 && !fmlp_checked_mul(max_k, GEMM_NR, &unpacked)) return -1;
+  const int64_t packed = (int64_t)GEMM_MC * GEMM_KC;
+  return unpacked > packed ? unpacked : packed;
 }
 
+#ifdef FMLP_SIMD_WIDTH
+/* Rows [m0, m0 + count) of x (count <= NR), K-major and zero-padded to NR:
+ * element (m, kk) at dst[kk * NR + m]. */
+static void FN(pack_input_transposed)(fmlp_input x, int64_t m0, int64_t count, int64_t k,
+                                      REAL *dst) {
+  const REAL *src = x.data;
+  for (int64_t m = 0; m < GEMM_NR; ++m) {
+    if (m >= count) {
+      for (int64_t kk = 0; kk < k; ++kk) dst[kk * GEMM_NR + m] = (REAL)0;
+      continue;
+    }
+    const REAL *row = src + (m0 + m) * x.row_stride;
+    for (int64_t kk = 0; kk < k; ++kk) dst[kk * GEMM_NR + m] = row[kk * x.col_stride];
+  }
+}
+
+/* gemm_rows for a weight read in place: the transposed micro-kernel over
+ * NR-row slices of x and MR-row slices of the weight. */
+static void FN(gemm_rows_unpacked)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
+                                   const REAL *bias, fmlp_activation activation, REAL *c,
+                                   int64_t ldc, REAL *pre, int64_t pre_stride, REAL *scratch) {
+  const int64_t n = w->n, k = w->k;
+  const REAL *w_data = w->source.data;
+  for (int64_t m0 = 0; m0 < rows; m0 += GEMM_NR) {
+    const int64_t count = rows - m0 < GEMM_NR ? rows - m0 : GEMM_NR;
+    FN(pack_input_transposed)(x, m0, count, k, scratch);
+    for (int64_t j0 = 0; j0 < n; j0 += GEMM_MR) {
+      const int64_t n_rows = n - j0 < GEMM_MR ? n - j0 : GEMM_MR;
+      const REAL *w_rows[GEMM_MR];
+      /* rows past the weight's end re-read its first row: in bounds, never stored */
+      for (int64_t i = 0; i < GEMM_MR; ++i) {
+        w_rows[i] = w_data + (j0 + (i < n_rows ? i : 0)) * w->source.row_stride;
+      }
+      FN(microkernel_transposed)(k, w_rows, scratch, c + m0 * ldc + j0, ldc, n_rows, count,
+                                 bias != NULL ? bias + j0 : NULL,
+                                 pre != NULL ? pre + m0 * pre_stride + j0 : NULL, pre_stride,
+                                 activation);
+    }
+  }
+}
+#endif
+
 /* c[rows, n] = act(x[rows, k] @ W.T + bias); pre (optional) gets the
- * pre-activation. Single-threaded; callers split rows across threads. */
+ * pre-activation. Single-threaded; callers split rows across threads.
+ * input_pack holds input_pack_elems(k) elements. */
 static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
                           const REAL *bias, fmlp_activation activation, REAL *c, int64_t ldc,
                           REAL *pre, int64_t pre_stride, REAL *input_pack) {
   const int64_t n = w->n, k = w->k;
   if (k == 0) {
     FN(fill_empty_product)(rows, n, bias, activation, c, ldc, pre, pre_stride);
+    return;
+  }
+  if (w->data == NULL) {
+#ifdef FMLP_SIMD_WIDTH
+    FN(gemm_rows_unpacked)(x, rows, w, bias, activation, c, ldc, pre, pre_stride, input_pack);
+#endif
     return;
   }
   const REAL *x_data = x.data;
@@ -162,9 +285,9 @@ static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w
                 .first_k_block = pc == 0,
                 .last_k_block = pc + kc >= k,
             };
-            FN(microkernel_portable)(kc, input_pack + (ir / GEMM_MR) * kc * GEMM_MR, b_panel,
-                                     c + row * ldc + col, ldc,
-                                     mc - ir < GEMM_MR ? mc - ir : GEMM_MR, cols, &ep);
+            FMLP_MICROKERNEL(kc, input_pack + (ir / GEMM_MR) * kc * GEMM_MR, b_panel,
+                             c + row * ldc + col, ldc, mc - ir < GEMM_MR ? mc - ir : GEMM_MR,
+                             cols, &ep);
           }
         }
       }
