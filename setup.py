@@ -29,9 +29,11 @@ def find_cuda_home() -> str | None:
     if nvcc:
         candidates.append(str(Path(nvcc).resolve().parent.parent))
     for home in candidates:
-        if home and (Path(home) / "bin" / "nvcc").exists() and (
-            Path(home) / "include" / "cuda_runtime.h"
-        ).exists():
+        if (
+            home
+            and (Path(home) / "bin" / "nvcc").exists()
+            and (Path(home) / "include" / "cuda_runtime.h").exists()
+        ):
             return home
     return None
 
@@ -116,8 +118,12 @@ def cpu_kernel_libraries() -> list[tuple[str, dict]]:
 
 
 def extension():
-    torch_sources = ["csrc/torch/schemas.cpp", "csrc/torch/arguments.cpp",
-                     "csrc/torch/autocast.cpp", "csrc/torch/cpu.cpp"]
+    torch_sources = [
+        "csrc/torch/schemas.cpp",
+        "csrc/torch/arguments.cpp",
+        "csrc/torch/autocast.cpp",
+        "csrc/torch/cpu.cpp",
+    ]
     cxx_flags = ["-O2"]  # torch adds the C++ standard it was built with
     if not want_cuda():
         return CppExtension(

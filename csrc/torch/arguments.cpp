@@ -95,7 +95,11 @@ void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
   check_bias(op, "bias_down", bias_down, w_down.size(0), x);
 }
 
-at::Tensor as_rows(const at::Tensor &x) { return x.reshape({-1, x.size(-1)}); }
+at::Tensor as_rows(const at::Tensor &x) {
+  // The row count is explicit: with 0 features, -1 would be ambiguous.
+  const int64_t rows = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
+  return x.reshape({rows, x.size(-1)});
+}
 
 std::vector<int64_t> output_shape(const at::Tensor &x, int64_t out_features) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());

@@ -6,9 +6,10 @@ What it matches, and nothing else:
   type, sizes that chain) becomes a FusedMLP (same state_dict keys);
 - inside any other nn.Sequential, an nn.Linear directly followed by an activation becomes a
   FusedLinear with that activation, and the activation's slot becomes nn.Identity (keys kept);
-- a module with nn.Linear children gate_proj, up_proj, down_proj and exactly one activation
-  child becomes a FusedGatedMLP, but only after checking on a random input that it computes
-  down_proj(act(gate_proj(x)) * up_proj(x)) -- a module whose forward differs is left alone;
+- a module with nn.Linear children gate_proj, up_proj, down_proj becomes a FusedGatedMLP, but
+  only after checking on a random input that it computes down_proj(act(gate_proj(x)) *
+  up_proj(x)) -- with act its one activation child, or, when it applies the activation
+  functionally, the activation that matches best; a module whose forward differs is left alone;
 - any other nn.Linear (exactly that type: subclasses such as MultiheadAttention's out_proj,
   which their owner reads directly, are left alone) becomes a FusedLinear.
 Activations: nn.ReLU, nn.GELU (both approximations), nn.SiLU.
@@ -21,7 +22,7 @@ import copy
 import torch
 from torch import nn
 
-from .activations import activation_name
+from .activations import ACTIVATIONS, activation_name
 from .modules import FusedGatedMLP, FusedLinear, FusedMLP, _chain_activation
 
 _FUSED = (FusedLinear, FusedMLP, FusedGatedMLP)
@@ -64,9 +65,9 @@ def _convert(module: nn.Module) -> nn.Module:
 def _whole_module_replacement(module: nn.Module) -> nn.Module | None:
     if type(module) is nn.Linear:
         return FusedLinear.from_linear(module)
-    if type(module) is nn.Sequential and len(module) >= 3:
-        if _chain_activation(list(module)) is not None:
-            return FusedMLP.from_sequential(module)
+    is_sequential = type(module) is nn.Sequential and len(module) >= 3
+    if is_sequential and _chain_activation(list(module)) is not None:
+        return FusedMLP.from_sequential(module)
     return _gated_replacement(module)
 
 
@@ -86,32 +87,38 @@ def _gated_replacement(module: nn.Module) -> FusedGatedMLP | None:
     projections = [children.get(name) for name in ("gate_proj", "up_proj", "down_proj")]
     if any(type(p) is not nn.Linear for p in projections):
         return None
-    activations = [activation_name(c) for c in children.values() if activation_name(c)]
-    if len(activations) != 1:
-        return None
-    gate, up, down = projections
-    fused = FusedGatedMLP.from_projections(gate, up, down, activations[0])
-    fused.train(module.training)
-    return fused if _computes_the_same(module, fused, gate.in_features) else None
+    named = [activation_name(c) for c in children.values() if activation_name(c)]
+    # One activation child names the activation; a functional one (F.silu in forward) is
+    # found by trying each and keeping the closest match.
+    candidates = named if len(named) == 1 else list(ACTIVATIONS)
+    best, best_error = None, float("inf")
+    for activation in candidates:
+        fused = FusedGatedMLP.from_projections(*projections, activation)
+        fused.train(module.training)
+        error = _mismatch(module, fused, projections[0].in_features)
+        if error < best_error:
+            best, best_error = fused, error
+    return best if best_error <= 1.0 else None
 
 
-def _computes_the_same(original: nn.Module, fused: nn.Module, in_features: int) -> bool:
-    """Whether both modules give the same output on a small random input."""
+def _mismatch(original: nn.Module, fused: nn.Module, in_features: int) -> float:
+    """How far apart both modules' outputs are on a small random input, as a multiple of the
+    tolerance of their dtype: <= 1 means they compute the same; inf when not comparable."""
     weight = fused.gate_proj.weight
     if weight.device.type == "meta":
-        return False
+        return float("inf")
     generator = torch.Generator(device=weight.device).manual_seed(0)
-    probe = torch.randn(2, in_features, generator=generator, device=weight.device,
-                        dtype=weight.dtype)
-    tolerance = {"rtol": 1e-2, "atol": 1e-2} if weight.dtype in (torch.float16, torch.bfloat16) \
-        else {"rtol": 1e-4, "atol": 1e-5}
+    probe = torch.randn(
+        4, in_features, generator=generator, device=weight.device, dtype=weight.dtype
+    )
+    half = weight.dtype in (torch.float16, torch.bfloat16)
+    rtol, atol = (1e-2, 1e-2) if half else (1e-4, 1e-5)
     try:
         with torch.no_grad():
             expected, actual = original(probe), fused(probe)
     except Exception:  # the original's forward takes something else: not a gated block
-        return False
-    return (
-        isinstance(expected, torch.Tensor)
-        and expected.shape == actual.shape
-        and torch.allclose(expected, actual, **tolerance)
-    )
+        return float("inf")
+    if not isinstance(expected, torch.Tensor) or expected.shape != actual.shape:
+        return float("inf")
+    excess = (actual - expected).abs() / (atol + rtol * expected.abs())
+    return float(excess.max()) if excess.numel() else 0.0

@@ -33,8 +33,13 @@ class FusedLinear(nn.Linear):
         """A FusedLinear sharing `linear`'s Parameters."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
-        fused = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                    activation=activation, device="meta")
+        fused = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            activation=activation,
+            device="meta",
+        )
         fused.weight = linear.weight
         fused.bias = linear.bias
         fused.train(linear.training)
@@ -95,8 +100,9 @@ class FusedMLP(nn.Sequential):
 
     def forward(self, x: Tensor) -> Tensor:
         layers = self.linears()
-        return mlp(x, [layer.weight for layer in layers], [layer.bias for layer in layers],
-                   self.activation)
+        return mlp(
+            x, [layer.weight for layer in layers], [layer.bias for layer in layers], self.activation
+        )
 
 
 def _chain_activation(modules: list[nn.Module]) -> str | None:
@@ -144,9 +150,16 @@ class FusedGatedMLP(nn.Module):
         return fused
 
     def forward(self, x: Tensor) -> Tensor:
-        return gated_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
-                         self.activation, self.gate_proj.bias, self.up_proj.bias,
-                         self.down_proj.bias)
+        return gated_mlp(
+            x,
+            self.gate_proj.weight,
+            self.up_proj.weight,
+            self.down_proj.weight,
+            self.activation,
+            self.gate_proj.bias,
+            self.up_proj.bias,
+            self.down_proj.bias,
+        )
 
     def extra_repr(self) -> str:
         return f"activation={self.activation}"

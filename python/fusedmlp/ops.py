@@ -50,7 +50,29 @@ def _rows(x: Tensor) -> int:
     return math.prod(x.shape[:-1])
 
 
-def _chain_fake(x: Tensor, weights: list[Tensor], hidden: str, final: str) -> tuple[Tensor, Tensor]:
+def _check_like_x(x: Tensor, named: dict[str, Tensor | None]) -> None:
+    """The real kernels' device and dtype checks, for fake tensors (and the meta device,
+    which the fake kernels also serve)."""
+    for name, tensor in named.items():
+        if tensor is None:
+            continue
+        if tensor.device != x.device:
+            raise RuntimeError(
+                f"fusedmlp: {name} is on {tensor.device} but x is on {x.device}; "
+                "all tensors must be on one device"
+            )
+        if tensor.dtype != x.dtype:
+            raise RuntimeError(
+                f"fusedmlp: {name} has dtype {tensor.dtype} but x has dtype {x.dtype}; "
+                "all tensors must share one dtype"
+            )
+
+
+def _chain_fake(
+    x: Tensor, weights: list[Tensor], biases: list, hidden: str, final: str
+) -> tuple[Tensor, Tensor]:
+    _check_like_x(x, {f"weights[{i}]": w for i, w in enumerate(weights)})
+    _check_like_x(x, {f"biases[{i}]": b for i, b in enumerate(biases)})
     torch._check(x.dim() >= 1, lambda: "x must have shape (*, in_features)")
     features = x.shape[-1]
     for weight in weights:
@@ -63,7 +85,10 @@ def _chain_fake(x: Tensor, weights: list[Tensor], hidden: str, final: str) -> tu
     return y, x.new_empty((total,))
 
 
-def _gated_fake(x: Tensor, w_gate: Tensor, w_down: Tensor) -> tuple[Tensor, Tensor]:
+def _gated_fake(x: Tensor, *params: Tensor | None) -> tuple[Tensor, Tensor]:
+    names = ("w_gate", "w_up", "w_down", "bias_gate", "bias_up", "bias_down")
+    _check_like_x(x, dict(zip(names, params)))
+    w_gate, w_down = params[0], params[2]
     torch._check(w_gate.shape[1] == x.shape[-1], lambda: "w_gate and x features differ")
     y = x.new_empty((*x.shape[:-1], w_down.shape[0]))
     return y, x.new_empty((3, _rows(x), w_gate.shape[0]))
@@ -71,36 +96,36 @@ def _gated_fake(x: Tensor, w_gate: Tensor, w_down: Tensor) -> tuple[Tensor, Tens
 
 @torch.library.register_fake("fusedmlp::linear")
 def _linear_fake(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:
-    return _chain_fake(x, [weight], activation, activation)[0]
+    return _chain_fake(x, [weight], [bias], activation, activation)[0]
 
 
 @torch.library.register_fake("fusedmlp::linear_train")
 def _linear_train_fake(
     x: Tensor, weight: Tensor, bias: Tensor | None, activation: str
 ) -> tuple[Tensor, Tensor]:
-    return _chain_fake(x, [weight], activation, activation)
+    return _chain_fake(x, [weight], [bias], activation, activation)
 
 
 @torch.library.register_fake("fusedmlp::mlp")
 def _mlp_fake(x: Tensor, weights: list[Tensor], biases: list[Tensor], activation: str) -> Tensor:
-    return _chain_fake(x, weights, activation, "none")[0]
+    return _chain_fake(x, weights, biases, activation, "none")[0]
 
 
 @torch.library.register_fake("fusedmlp::mlp_train")
 def _mlp_train_fake(
     x: Tensor, weights: list[Tensor], biases: list[Tensor], activation: str
 ) -> tuple[Tensor, Tensor]:
-    return _chain_fake(x, weights, activation, "none")
+    return _chain_fake(x, weights, biases, activation, "none")
 
 
 @torch.library.register_fake("fusedmlp::gated_mlp")
 def _gated_mlp_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation):
-    return _gated_fake(x, w_gate, w_down)[0]
+    return _gated_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down)[0]
 
 
 @torch.library.register_fake("fusedmlp::gated_mlp_train")
 def _gated_mlp_train_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation):
-    return _gated_fake(x, w_gate, w_down)
+    return _gated_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down)
 
 
 @torch.library.register_fake("fusedmlp::activation_backward")
@@ -127,8 +152,8 @@ def _chain_backward(
     hidden: str,
     final: str,
 ) -> tuple[Tensor, list[Tensor], list[Tensor | None]]:
-    x_rows = x.reshape(-1, x.shape[-1])
-    rows = x_rows.shape[0]
+    rows = _rows(x)
+    x_rows = x.reshape(rows, x.shape[-1])
     widths = [x.shape[-1]] + [w.shape[0] for w in weights]
     layers, _ = chain_layout(rows, widths, hidden, final)
 
@@ -162,7 +187,7 @@ def _gated_backward(
     grad_y: Tensor,
     activation: str,
 ) -> tuple[Tensor, ...]:
-    x_rows = x.reshape(-1, x.shape[-1])
+    x_rows = x.reshape(_rows(x), x.shape[-1])
     grad = grad_y.reshape(x_rows.shape[0], w_down.shape[0])
     gate, up, product = saved[0], saved[1], saved[2]
     grad_w_down = grad.t().mm(product)
@@ -231,7 +256,12 @@ class _ChainOp:
             if ctx.recompute:
                 saved = train_op(*self.pack(x, weights, biases, ctx.activation))[1]
             grad_x, grad_weights, grad_biases = _chain_backward(
-                x, weights, ctx.has_bias, saved, grad_y, ctx.activation,
+                x,
+                weights,
+                ctx.has_bias,
+                saved,
+                grad_y,
+                ctx.activation,
                 self.final(ctx.activation),
             )
             return self.pack(grad_x, grad_weights, grad_biases, None)
@@ -265,9 +295,7 @@ def _register_gated() -> None:
         x, saved, weights, biases = _saved_inputs(ctx)
         if ctx.recompute:
             saved = _ops.gated_mlp_train(x, *weights, *biases, ctx.activation)[1]
-        grads = _gated_backward(
-            x, *weights, tuple(ctx.has_bias), saved, grad_y, ctx.activation
-        )
+        grads = _gated_backward(x, *weights, tuple(ctx.has_bias), saved, grad_y, ctx.activation)
         return (*grads, None)
 
     for name, training in (("gated_mlp", False), ("gated_mlp_train", True)):

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs fusedmlp (and, with the argument "test", its test tools) into the current
+# Python environment, building the C/C++/CUDA extension against the installed torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# The build imports torch, so torch comes first; an existing torch is kept.
+python -c "import torch" 2>/dev/null || python -m pip install "torch==2.14.1"
+extras=""
+[[ "${1:-}" == "test" ]] && extras="[test]"
+python -m pip install --no-build-isolation -e ".${extras}"

@@ -1,0 +1,279 @@
+/* Plain-C tests of the CPU kernel API against a naive double-precision
+ * reference: every activation, bias on/off, strided and transposed operands,
+ * sizes that hit every edge-tile case, K = 0, serial and chunked threading.
+ * Built with -fsanitize=address,undefined by tests/test_c_kernels.py. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusedmlp/cpu.h"
+
+typedef struct {
+  int passed, failed;
+} tally;
+
+static double reference_activation(double z, fmlp_activation activation) {
+  switch (activation) {
+    case FMLP_ACT_RELU: return z < 0 ? 0 : z;
+    case FMLP_ACT_GELU: return 0.5 * z * (1 + erf(z / sqrt(2.0)));
+    case FMLP_ACT_GELU_TANH:
+      return 0.5 * z * (1 + tanh(0.79788456080286535588 * (z + 0.044715 * z * z * z)));
+    case FMLP_ACT_SILU: return z / (1 + exp(-z));
+    default: return z;
+  }
+}
+
+/* A deterministic value in [-1, 1) for element i of a matrix seeded by seed. */
+static double sample(uint64_t seed, int64_t i) {
+  uint64_t h = (seed + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)i * 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 31;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 29;
+  return (double)(h >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+/* Runs tasks in reverse chunks of one, so blocks must be independent. */
+static void reversed_parallel_for(void *pool, int64_t n_tasks, void *context, fmlp_task_fn fn) {
+  (void)pool;
+  for (int64_t t = n_tasks - 1; t >= 0; --t) fn(context, t, t + 1);
+}
+
+/* A matrix of rows x cols in either layout, filled from seed. Returns the
+ * buffer (caller frees) and the strides through *input. */
+static void *make_matrix(fmlp_dtype dtype, int64_t rows, int64_t cols, int transposed,
+                         uint64_t seed, fmlp_input *input) {
+  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  void *data = malloc((size_t)(rows * cols > 0 ? rows * cols : 1) * elem);
+  input->data = data;
+  input->row_stride = transposed ? 1 : cols;
+  input->col_stride = transposed ? rows : 1;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t at = r * input->row_stride + c * input->col_stride;
+      const double v = sample(seed, r * cols + c);
+      if (dtype == FMLP_F64) ((double *)data)[at] = v;
+      else ((float *)data)[at] = (float)v;
+    }
+  }
+  return data;
+}
+
+static double element(fmlp_dtype dtype, const void *data, int64_t at) {
+  return dtype == FMLP_F64 ? ((const double *)data)[at] : ((const float *)data)[at];
+}
+
+static double tolerance(fmlp_dtype dtype, int64_t k) {
+  return (dtype == FMLP_F64 ? 1e-12 : 2e-6) * (double)(k + 4);
+}
+
+static void check_close(tally *t, const char *what, double got, double want, double tol) {
+  if (fabs(got - want) <= tol * (1 + fabs(want)) || (isnan(got) && isnan(want))) return;
+  if (t->failed < 20) fprintf(stderr, "FAIL %s: got %.9g want %.9g\n", what, got, want);
+  t->failed++;
+}
+
+/* One fused linear layer vs the reference. */
+static void test_linear(tally *t, fmlp_dtype dtype, int64_t m, int64_t n, int64_t k,
+                        fmlp_activation act, int with_bias, int transposed,
+                        const fmlp_threading *threading) {
+  fmlp_input x, w;
+  void *x_data = make_matrix(dtype, m, k, transposed, 1, &x);
+  void *w_data = make_matrix(dtype, n, k, !transposed, 2, &w);
+  fmlp_input b_in;
+  void *b_data = make_matrix(dtype, 1, n, 0, 3, &b_in);
+  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  void *y = malloc((size_t)(m * n > 0 ? m * n : 1) * elem);
+  void *pre = malloc((size_t)(m * n > 0 ? m * n : 1) * elem);
+  const int64_t widths[2] = {k, n};
+  const void *biases[1] = {with_bias ? b_data : NULL};
+  void *saved_pre[1] = {pre};
+  const fmlp_cpu_chain_args args = {
+      .dtype = dtype, .rows = m, .n_layers = 1, .widths = widths, .x = x, .weights = &w,
+      .biases = biases, .hidden_activation = act, .final_activation = act, .y = y,
+      .y_row_stride = n, .saved_pre = saved_pre, .saved_hidden = NULL};
+  const fmlp_status status = fmlp_cpu_chain(&args, threading);
+  char what[160];
+  snprintf(what, sizeof what, "linear dtype=%d m=%lld n=%lld k=%lld act=%d bias=%d t=%d", dtype,
+           (long long)m, (long long)n, (long long)k, act, with_bias, transposed);
+  if (status != FMLP_OK) {
+    fprintf(stderr, "FAIL %s: status %s\n", what, fmlp_status_string(status));
+    t->failed++;
+  } else {
+    const int before = t->failed;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double z = with_bias ? element(dtype, b_data, j) : 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          z += element(dtype, x_data, i * x.row_stride + kk * x.col_stride) *
+               element(dtype, w_data, j * w.row_stride + kk * w.col_stride);
+        }
+        check_close(t, what, element(dtype, pre, i * n + j), z, tolerance(dtype, k));
+        check_close(t, what, element(dtype, y, i * n + j), reference_activation(z, act),
+                    tolerance(dtype, k));
+      }
+    }
+    if (t->failed == before) t->passed++;
+  }
+  free(pre);
+  free(y);
+  free(b_data);
+  free(w_data);
+  free(x_data);
+}
+
+/* A three-layer chain equals three single layers run one after another. */
+static void test_chain_matches_layers(tally *t, fmlp_dtype dtype, int64_t m,
+                                      const fmlp_threading *threading) {
+  const int64_t widths[4] = {19, 37, 5, 23};
+  fmlp_input x, w[3];
+  void *x_data = make_matrix(dtype, m, widths[0], 0, 10, &x);
+  void *w_data[3];
+  for (int l = 0; l < 3; ++l) w_data[l] = make_matrix(dtype, widths[l + 1], widths[l], 0, 20 + l, &w[l]);
+  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  void *y = calloc((size_t)(m * widths[3] + 1), elem);
+  void *step[3];
+  for (int l = 0; l < 3; ++l) step[l] = calloc((size_t)(m * widths[l + 1] + 1), elem);
+  const void *no_bias[3] = {NULL, NULL, NULL};
+  const fmlp_cpu_chain_args chain = {
+      .dtype = dtype, .rows = m, .n_layers = 3, .widths = widths, .x = x, .weights = w,
+      .biases = no_bias, .hidden_activation = FMLP_ACT_GELU, .final_activation = FMLP_ACT_NONE,
+      .y = y, .y_row_stride = widths[3]};
+  fmlp_status status = fmlp_cpu_chain(&chain, threading);
+  fmlp_input in = x;
+  for (int l = 0; l < 3 && status == FMLP_OK; ++l) {
+    const fmlp_cpu_chain_args one = {
+        .dtype = dtype, .rows = m, .n_layers = 1, .widths = widths + l, .x = in,
+        .weights = &w[l], .biases = no_bias,
+        .hidden_activation = FMLP_ACT_NONE,
+        .final_activation = l < 2 ? FMLP_ACT_GELU : FMLP_ACT_NONE,
+        .y = step[l], .y_row_stride = widths[l + 1]};
+    status = fmlp_cpu_chain(&one, NULL);
+    in = (fmlp_input){step[l], widths[l + 1], 1};
+  }
+  const int before = t->failed;
+  if (status != FMLP_OK) t->failed++;
+  for (int64_t i = 0; i < m * widths[3] && status == FMLP_OK; ++i) {
+    check_close(t, "chain vs layers", element(dtype, y, i), element(dtype, step[2], i),
+                tolerance(dtype, 64));
+  }
+  if (t->failed == before) t->passed++;
+  for (int l = 0; l < 3; ++l) free(step[l]), free(w_data[l]);
+  free(y);
+  free(x_data);
+}
+
+/* The gated block against its definition, and its saved tensors. */
+static void test_gated(tally *t, fmlp_dtype dtype, int64_t m, int64_t dim, int64_t hidden,
+                       fmlp_activation act, const fmlp_threading *threading) {
+  fmlp_input x, wg, wu, wd, bias;
+  void *x_data = make_matrix(dtype, m, dim, 0, 30, &x);
+  void *wg_data = make_matrix(dtype, hidden, dim, 0, 31, &wg);
+  void *wu_data = make_matrix(dtype, hidden, dim, 1, 32, &wu);
+  void *wd_data = make_matrix(dtype, dim, hidden, 0, 33, &wd);
+  void *b_data = make_matrix(dtype, 1, hidden, 0, 34, &bias);
+  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  void *y = calloc((size_t)(m * dim + 1), elem);
+  void *saved = calloc((size_t)(3 * m * hidden + 1), elem);
+  const fmlp_cpu_gated_args args = {
+      .dtype = dtype, .rows = m, .dim = dim, .hidden = hidden, .out_dim = dim, .x = x,
+      .w_gate = wg, .w_up = wu, .w_down = wd, .bias_gate = b_data, .bias_up = NULL,
+      .bias_down = NULL, .activation = act, .y = y, .y_row_stride = dim,
+      .saved_gate = saved, .saved_up = (char *)saved + m * hidden * elem,
+      .saved_product = (char *)saved + 2 * m * hidden * elem};
+  const fmlp_status status = fmlp_cpu_gated(&args, threading);
+  const int before = t->failed;
+  if (status != FMLP_OK) t->failed++;
+  double *product = calloc((size_t)(hidden + 1), sizeof(double));
+  for (int64_t i = 0; i < m && status == FMLP_OK; ++i) {
+    for (int64_t h = 0; h < hidden; ++h) {
+      double g = element(dtype, b_data, h), u = 0;
+      for (int64_t kk = 0; kk < dim; ++kk) {
+        const double xv = element(dtype, x_data, i * dim + kk);
+        g += xv * element(dtype, wg_data, h * wg.row_stride + kk * wg.col_stride);
+        u += xv * element(dtype, wu_data, h * wu.row_stride + kk * wu.col_stride);
+      }
+      product[h] = reference_activation(g, act) * u;
+      check_close(t, "gated saved gate", element(dtype, saved, i * hidden + h), g,
+                  tolerance(dtype, dim));
+    }
+    for (int64_t j = 0; j < dim; ++j) {
+      double z = 0;
+      for (int64_t h = 0; h < hidden; ++h) z += product[h] * element(dtype, wd_data, j * hidden + h);
+      check_close(t, "gated output", element(dtype, y, i * dim + j), z,
+                  tolerance(dtype, dim + hidden));
+    }
+  }
+  if (t->failed == before) t->passed++;
+  free(product);
+  free(saved);
+  free(y);
+  free(b_data), free(wd_data), free(wu_data), free(wg_data), free(x_data);
+}
+
+/* act'(z) from the backward kernel vs a central difference of the reference. */
+static void test_activation_backward(tally *t, fmlp_dtype dtype, fmlp_activation act) {
+  enum { n = 4099 };
+  double pre[n], grad[n], out[n];
+  for (int i = 0; i < n; ++i) pre[i] = 8.0 * sample(40, i), grad[i] = sample(41, i);
+  if (dtype != FMLP_F64) return;
+  const fmlp_threading serial = {NULL, NULL, 1};
+  const fmlp_status status = fmlp_cpu_activation_backward(dtype, n, grad, pre, act, out, &serial);
+  const int before = t->failed;
+  if (status != FMLP_OK) t->failed++;
+  for (int i = 0; i < n && status == FMLP_OK; ++i) {
+    const double h = 1e-6;
+    const double slope = act == FMLP_ACT_RELU
+                             ? (pre[i] > 0 ? 1.0 : 0.0)
+                             : (reference_activation(pre[i] + h, act) -
+                                reference_activation(pre[i] - h, act)) / (2 * h);
+    check_close(t, "activation backward", out[i], grad[i] * slope, 1e-7);
+  }
+  if (t->failed == before) t->passed++;
+}
+
+static void test_invalid_arguments(tally *t) {
+  const int64_t widths[2] = {3, 4};
+  const fmlp_cpu_chain_args bad_activation = {
+      .dtype = FMLP_F32, .rows = 0, .n_layers = 1, .widths = widths,
+      .hidden_activation = (fmlp_activation)99, .final_activation = FMLP_ACT_NONE};
+  const int64_t huge[2] = {INT64_MAX / 2, 4};
+  fmlp_input w = {"", 1, 1};
+  const fmlp_cpu_chain_args overflow = {
+      .dtype = FMLP_F32, .rows = 3, .n_layers = 1, .widths = huge, .x = {"", 1, 1},
+      .weights = &w, .final_activation = FMLP_ACT_NONE, .y = (void *)""};
+  const int ok = fmlp_cpu_chain(&bad_activation, NULL) == FMLP_ERR_INVALID_ARGUMENT &&
+                 fmlp_cpu_chain(&overflow, NULL) == FMLP_ERR_SIZE_OVERFLOW &&
+                 fmlp_cpu_chain(NULL, NULL) == FMLP_ERR_INVALID_ARGUMENT;
+  ok ? t->passed++ : t->failed++;
+  if (!ok) fprintf(stderr, "FAIL invalid arguments not rejected\n");
+}
+
+int main(void) {
+  tally t = {0, 0};
+  const fmlp_threading serial = {NULL, NULL, 1};
+  const fmlp_threading chunked = {reversed_parallel_for, NULL, 4};
+  const int64_t edge_sizes[] = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33};
+  const size_t n_edge = sizeof edge_sizes / sizeof edge_sizes[0];
+  for (int dtype = FMLP_F32; dtype <= FMLP_F64; ++dtype) {
+    for (size_t a = 0; a < n_edge; ++a) {
+      for (size_t b = 0; b < n_edge; b += 2) {
+        const int64_t m = edge_sizes[a], n = edge_sizes[b], k = edge_sizes[(a + b) % n_edge];
+        const fmlp_activation act = (fmlp_activation)((a + b) % FMLP_ACT_COUNT);
+        test_linear(&t, (fmlp_dtype)dtype, m, n, k, act, (int)(a % 2), (int)(b % 4 == 0),
+                    a % 3 ? &serial : &chunked);
+      }
+    }
+    for (int act = 0; act < FMLP_ACT_COUNT; ++act) {
+      test_linear(&t, (fmlp_dtype)dtype, 131, 1031, 263, (fmlp_activation)act, act % 2, act % 3 == 0, &chunked);
+      test_linear(&t, (fmlp_dtype)dtype, 9, 13, 0, (fmlp_activation)act, act % 2, 0, &serial);
+      test_gated(&t, (fmlp_dtype)dtype, 67, 29, 41, (fmlp_activation)act, &chunked);
+      test_activation_backward(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
+    }
+    test_linear(&t, (fmlp_dtype)dtype, 0, 5, 7, FMLP_ACT_RELU, 1, 0, &serial);
+    test_chain_matches_layers(&t, (fmlp_dtype)dtype, 300, &chunked);
+  }
+  test_invalid_arguments(&t);
+  printf("%d passed, %d failed\n", t.passed, t.failed);
+  return t.failed == 0 ? 0 : 1;
+}

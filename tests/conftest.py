@@ -1,0 +1,73 @@
+"""Shared helpers: devices and dtypes under test, PyTorch reference activations, tolerances."""
+
+from __future__ import annotations
+
+import fusedmlp
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ACTIVATIONS = list(fusedmlp.ACTIVATIONS)
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+DTYPES = {
+    "cpu": [torch.float32, torch.float64, torch.bfloat16],
+    "cuda": [torch.float32, torch.float16, torch.bfloat16],
+}
+DEVICE_DTYPES = [(device, dtype) for device in DEVICES for dtype in DTYPES[device]]
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def reference_activation(name: str) -> nn.Module:
+    """The PyTorch module each activation name stands for."""
+    return {
+        "none": nn.Identity(),
+        "relu": nn.ReLU(),
+        "gelu": nn.GELU(),
+        "gelu_tanh": nn.GELU(approximate="tanh"),
+        "silu": nn.SiLU(),
+    }[name]
+
+
+def reference_linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:
+    return reference_activation(activation)(F.linear(x, weight, bias))
+
+
+def tolerances(dtype: torch.dtype) -> dict[str, float]:
+    """Tolerances against a float64 reference. float32 sums in a different order than the
+    reference (blocked K); half types round every output to 8 or 11 bits of mantissa."""
+    return {
+        torch.float64: {"rtol": 1e-10, "atol": 1e-10},
+        torch.float32: {"rtol": 1e-4, "atol": 1e-4},
+        torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
+        torch.float16: {"rtol": 2e-3, "atol": 2e-3},
+    }[dtype]
+
+
+def assert_matches_reference(actual: Tensor, expected64: Tensor) -> None:
+    """Compares a result with its float64 reference, in the result's dtype tolerance."""
+    torch.testing.assert_close(
+        actual.double(), expected64.to(actual.device), **tolerances(actual.dtype)
+    )
+
+
+def make_weights(
+    sizes: list[int], dtype: torch.dtype, device: str, bias: bool, generator: torch.Generator
+) -> tuple[list[Tensor], list[Tensor | None]]:
+    """Weights scaled like nn.Linear's init, so every layer's output stays O(1)."""
+    weights, biases = [], []
+    for size_in, size_out in zip(sizes[:-1], sizes[1:]):
+        scale = 1.0 / max(size_in, 1) ** 0.5
+        weights.append(
+            (torch.randn(size_out, size_in, generator=generator) * scale).to(device, dtype)
+        )
+        biases.append(
+            torch.randn(size_out, generator=generator).to(device, dtype) if bias else None
+        )
+    return weights, biases
+
+
+@pytest.fixture
+def generator() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)
