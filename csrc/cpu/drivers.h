@@ -107,13 +107,14 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
     if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
     if (a->widths[l] > max_k) max_k = a->widths[l];
   }
-  const int64_t input_pack_elems = FN(input_pack_elems)(max_k);
-  if (status == FMLP_OK && input_pack_elems < 0) status = FMLP_ERR_SIZE_OVERFLOW;
+  FN(chain_job) job = {.args = a, .packed = packed, .max_hidden = max_hidden};
   if (status == FMLP_OK) {
-    FN(chain_job) job = {.args = a, .packed = packed, .max_hidden = max_hidden,
-                         .input_pack_elems = input_pack_elems};
     job.block_rows = FN(choose_block_rows)(a->rows, threading ? threading->n_threads : 1,
                                            weight_elems, row_elems);
+    job.input_pack_elems = FN(input_pack_elems)(job.block_rows, max_k);
+    if (job.input_pack_elems < 0) status = FMLP_ERR_SIZE_OVERFLOW;
+  }
+  if (status == FMLP_OK) {
     atomic_init(&job.status, FMLP_OK);
     FN(run_tasks)(threading, (a->rows + job.block_rows - 1) / job.block_rows, &job,
                   FN(chain_task));
@@ -189,12 +190,15 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   if (status == FMLP_OK) {
     status = FN(pack_weight)(a->w_down, a->out_dim, a->hidden, a->rows, threading, &job.down);
   }
-  job.input_pack_elems = FN(input_pack_elems)(a->dim > a->hidden ? a->dim : a->hidden);
-  if (status == FMLP_OK && job.input_pack_elems < 0) status = FMLP_ERR_SIZE_OVERFLOW;
   if (status == FMLP_OK) {
     const int64_t weight_elems = a->hidden * (2 * a->dim + a->out_dim);
     job.block_rows = FN(choose_block_rows)(a->rows, threading ? threading->n_threads : 1,
                                            weight_elems, a->dim + 3 * a->hidden + a->out_dim);
+    job.input_pack_elems =
+        FN(input_pack_elems)(job.block_rows, a->dim > a->hidden ? a->dim : a->hidden);
+    if (job.input_pack_elems < 0) status = FMLP_ERR_SIZE_OVERFLOW;
+  }
+  if (status == FMLP_OK) {
     atomic_init(&job.status, FMLP_OK);
     FN(run_tasks)(threading, (a->rows + job.block_rows - 1) / job.block_rows, &job,
                   FN(gated_task));

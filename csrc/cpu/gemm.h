@@ -197,12 +197,15 @@ static void FN(fill_empty_product)(int64_t rows, int64_t n, const REAL *bias,
   }
 }
 
-/* Elements of scratch one thread needs for gemm_rows with K up to max_k;
- * -1 on overflow. */
-static int64_t FN(input_pack_elems)(int64_t max_k) {
-  int64_t unpacked = 0;
-  if (GEMM_UNPACKED_MAX_ROWS > 0 && !fmlp_checked_mul(max_k, GEMM_NR, &unpacked)) return -1;
-  const int64_t packed = (int64_t)GEMM_MC * GEMM_KC;
+/* Elements of scratch one thread needs for gemm_rows over up to `rows` rows
+ * with K up to max_k; -1 on overflow. Sized to the problem, not to the cache
+ * blocks: a small call then gets a small buffer from the allocator's free
+ * lists, not a fresh mmap with page faults. */
+static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
+  int64_t unpacked = 0, packed;
+  if (rows <= GEMM_UNPACKED_MAX_ROWS && !fmlp_checked_mul(max_k, GEMM_NR, &unpacked)) return -1;
+  const int64_t mc = rows < GEMM_MC ? (rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR : GEMM_MC;
+  if (!fmlp_checked_mul(mc, max_k < GEMM_KC ? max_k : GEMM_KC, &packed)) return -1;
   return unpacked > packed ? unpacked : packed;
 }
 
