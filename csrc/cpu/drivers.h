@@ -152,10 +152,20 @@ static void FN(gated_block)(const FN(gated_job) *job, int64_t r0, int64_t rows,
       a->saved_product != NULL ? FN(rows_at)(a->saved_product, r0, h) : scratch + 2 * stride;
   const fmlp_input in = {(const REAL *)a->x.data + r0 * a->x.row_stride, a->x.row_stride,
                          a->x.col_stride};
-  FN(gemm_rows)(in, rows, &job->gate, a->bias_gate, FMLP_ACT_NONE, gate, h, NULL, 0, input_pack);
-  FN(gemm_rows)(in, rows, &job->up, a->bias_up, FMLP_ACT_NONE, up, h, NULL, 0, input_pack);
-  for (int64_t i = 0; i < rows; ++i) {
-    FN(gate_product_row)(gate + i * h, up + i * h, h, a->activation, product + i * h);
+#ifdef FMLP_SIMD_WIDTH
+  if (job->gate.data != NULL && job->up.data != NULL && a->dim > 0) {
+    const int save = a->saved_gate != NULL || a->saved_up != NULL;
+    FN(gemm_gated_rows)(in, rows, &job->gate, &job->up, a->bias_gate, a->bias_up, a->activation,
+                        gate, up, product, h, save, input_pack);
+  } else
+#endif
+  {
+    FN(gemm_rows)(in, rows, &job->gate, a->bias_gate, FMLP_ACT_NONE, gate, h, NULL, 0,
+                  input_pack);
+    FN(gemm_rows)(in, rows, &job->up, a->bias_up, FMLP_ACT_NONE, up, h, NULL, 0, input_pack);
+    for (int64_t i = 0; i < rows; ++i) {
+      FN(gate_product_row)(gate + i * h, up + i * h, h, a->activation, product + i * h);
+    }
   }
   FN(gemm_rows)((fmlp_input){product, h, 1}, rows, &job->down, a->bias_down, FMLP_ACT_NONE,
                 FN(rows_at)(a->y, r0, a->y_row_stride), a->y_row_stride, NULL, 0, input_pack);

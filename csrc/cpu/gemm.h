@@ -251,9 +251,63 @@ static void FN(gemm_rows_unpacked)(fmlp_input x, int64_t rows, const FN(packed_w
 }
 #endif
 
+/* The Goto/BLIS loops over a packed weight of n columns and K = k: for each
+ * NC x KC weight block and MC x KC input block (packed here into
+ * input_pack), every MR x NR tile goes to tile_fn with its packed input
+ * panel, its first row and column, and its K block. */
+typedef void (*FN(tile_fn))(const void *context, const REAL *a_panel, int64_t row, int64_t col,
+                            int64_t pc, int64_t kc, int64_t rows, int64_t cols);
+
+static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
+                              REAL *input_pack, FN(tile_fn) tile_fn, const void *context) {
+  const REAL *x_data = x.data;
+  for (int64_t jc = 0; jc < n; jc += GEMM_NC) {
+    const int64_t nc = n - jc < GEMM_NC ? n - jc : GEMM_NC;
+    for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
+      const int64_t kc = k - pc < GEMM_KC ? k - pc : GEMM_KC;
+      for (int64_t ic = 0; ic < rows; ic += GEMM_MC) {
+        const int64_t mc = rows - ic < GEMM_MC ? rows - ic : GEMM_MC;
+        const fmlp_input block = {x_data + ic * x.row_stride, x.row_stride, x.col_stride};
+        FN(pack_input_block)(block, mc, pc, kc, input_pack);
+        for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
+          const int64_t cols = nc - jr < GEMM_NR ? nc - jr : GEMM_NR;
+          for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
+            tile_fn(context, input_pack + (ir / GEMM_MR) * kc * GEMM_MR, ic + ir, jc + jr, pc,
+                    kc, mc - ir < GEMM_MR ? mc - ir : GEMM_MR, cols);
+          }
+        }
+      }
+    }
+  }
+}
+
+typedef struct {
+  const FN(packed_weight) *w;
+  const REAL *bias;
+  fmlp_activation activation;
+  REAL *c, *pre;
+  int64_t ldc, pre_stride;
+} FN(linear_tiles);
+
+static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t row, int64_t col,
+                            int64_t pc, int64_t kc, int64_t rows, int64_t cols) {
+  const FN(linear_tiles) *t = context;
+  const int64_t k = t->w->k;
+  const FN(tile_epilogue) ep = {
+      .bias = t->bias != NULL ? t->bias + col : NULL,
+      .pre = t->pre != NULL ? t->pre + row * t->pre_stride + col : NULL,
+      .pre_stride = t->pre_stride,
+      .activation = t->activation,
+      .first_k_block = pc == 0,
+      .last_k_block = pc + kc >= k,
+  };
+  const REAL *b_panel = t->w->data + (col / GEMM_NR) * k * GEMM_NR + pc * GEMM_NR;
+  FMLP_MICROKERNEL(kc, a_panel, b_panel, t->c + row * t->ldc + col, t->ldc, rows, cols, &ep);
+}
+
 /* c[rows, n] = act(x[rows, k] @ W.T + bias); pre (optional) gets the
  * pre-activation. Single-threaded; callers split rows across threads.
- * input_pack holds input_pack_elems(k) elements. */
+ * input_pack holds input_pack_elems(rows, k) elements. */
 static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
                           const REAL *bias, fmlp_activation activation, REAL *c, int64_t ldc,
                           REAL *pre, int64_t pre_stride, REAL *input_pack) {
@@ -268,35 +322,57 @@ static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w
 #endif
     return;
   }
-  const REAL *x_data = x.data;
-  for (int64_t jc = 0; jc < n; jc += GEMM_NC) {
-    const int64_t nc = n - jc < GEMM_NC ? n - jc : GEMM_NC;
-    for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
-      const int64_t kc = k - pc < GEMM_KC ? k - pc : GEMM_KC;
-      for (int64_t ic = 0; ic < rows; ic += GEMM_MC) {
-        const int64_t mc = rows - ic < GEMM_MC ? rows - ic : GEMM_MC;
-        const fmlp_input block = {x_data + ic * x.row_stride, x.row_stride, x.col_stride};
-        FN(pack_input_block)(block, mc, pc, kc, input_pack);
-        for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
-          const int64_t col = jc + jr;
-          const int64_t cols = nc - jr < GEMM_NR ? nc - jr : GEMM_NR;
-          const REAL *b_panel = w->data + (col / GEMM_NR) * k * GEMM_NR + pc * GEMM_NR;
-          for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
-            const int64_t row = ic + ir;
-            const FN(tile_epilogue) ep = {
-                .bias = bias != NULL ? bias + col : NULL,
-                .pre = pre != NULL ? pre + row * pre_stride + col : NULL,
-                .pre_stride = pre_stride,
-                .activation = activation,
-                .first_k_block = pc == 0,
-                .last_k_block = pc + kc >= k,
-            };
-            FMLP_MICROKERNEL(kc, input_pack + (ir / GEMM_MR) * kc * GEMM_MR, b_panel,
-                             c + row * ldc + col, ldc, mc - ir < GEMM_MR ? mc - ir : GEMM_MR,
-                             cols, &ep);
-          }
-        }
-      }
-    }
+  const FN(linear_tiles) tiles = {w, bias, activation, c, pre, ldc, pre_stride};
+  FN(for_each_tile)(x, rows, n, k, input_pack, FN(linear_tile), &tiles);
+}
+
+#ifdef FMLP_SIMD_WIDTH
+/* ---- gate and up together ---- */
+
+typedef struct {
+  const FN(packed_weight) *gate_w, *up_w;
+  const REAL *bias_gate, *bias_up;
+  fmlp_activation activation;
+  REAL *gate, *up, *product;
+  int64_t stride; /* of gate, up and product */
+  int save_gate_up;
+} FN(gated_tiles);
+
+static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t row, int64_t col,
+                           int64_t pc, int64_t kc, int64_t rows, int64_t cols) {
+  const FN(gated_tiles) *t = context;
+  const int64_t k = t->gate_w->k, panel_at = (col / GEMM_NR) * k * GEMM_NR + pc * GEMM_NR;
+  for (int64_t half = 0; half < GEMM_MR && half < rows; half += GATED_MR) {
+    const int64_t at = (row + half) * t->stride + col;
+    const FN(gated_tile_epilogue) ep = {
+        .bias_gate = t->bias_gate != NULL ? t->bias_gate + col : NULL,
+        .bias_up = t->bias_up != NULL ? t->bias_up + col : NULL,
+        .gate = t->gate + at,
+        .up = t->up + at,
+        .gate_up_stride = t->stride,
+        .product = t->product + at,
+        .product_stride = t->stride,
+        .activation = t->activation,
+        .first_k_block = pc == 0,
+        .last_k_block = pc + kc >= k,
+        .save_gate_up = t->save_gate_up,
+    };
+    const int64_t half_rows = rows - half < GATED_MR ? rows - half : GATED_MR;
+    FN(microkernel_gated)(kc, a_panel + half, t->gate_w->data + panel_at,
+                          t->up_w->data + panel_at, half_rows, cols, &ep);
   }
 }
+
+/* product[rows, h] = act(x @ Wg.T + bg) * (x @ Wu.T + bu) with both weights
+ * packed, in one pass over x; gate and up (rows x h, same stride) receive the
+ * pre-activations when save_gate_up, and serve as scratch between K blocks. */
+static void FN(gemm_gated_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *gate_w,
+                                const FN(packed_weight) *up_w, const REAL *bias_gate,
+                                const REAL *bias_up, fmlp_activation activation, REAL *gate,
+                                REAL *up, REAL *product, int64_t stride, int save_gate_up,
+                                REAL *input_pack) {
+  const FN(gated_tiles) tiles = {gate_w, up_w, bias_gate, bias_up, activation,
+                                 gate,   up,   product,   stride,  save_gate_up};
+  FN(for_each_tile)(x, rows, gate_w->n, gate_w->k, input_pack, FN(gated_tile), &tiles);
+}
+#endif

@@ -119,3 +119,95 @@ static void FN(microkernel_transposed)(int64_t k, const REAL *const w_rows[GEMM_
     for (int64_t i = 0; i < n_weight_rows; ++i) c[m * ldc + i] = tile[i][m];
   }
 }
+
+/* ---- the gated micro-kernel: act(x @ Wg.T + bg) * (x @ Wu.T + bu) ---- */
+
+/* Half an MR-tall input panel: gate and up tiles together fill the registers
+ * (6 x 2 + 6 x 2 zmm for AVX-512). */
+#define GATED_MR (GEMM_MR / 2)
+
+typedef struct {
+  const REAL *bias_gate, *bias_up; /* at the tile's first column, or NULL */
+  REAL *gate, *up;                 /* partial sums between K blocks; the
+                                      pre-activations when save_gate_up */
+  int64_t gate_up_stride;
+  REAL *product; /* act(gate) * up, written on the last K block */
+  int64_t product_stride;
+  fmlp_activation activation;
+  int first_k_block, last_k_block, save_gate_up;
+} FN(gated_tile_epilogue);
+
+static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GEMM_NV],
+                                                    const REAL *bias, const REAL *partial,
+                                                    int64_t stride, int first_k_block,
+                                                    int64_t rows, int64_t cols) {
+#pragma GCC unroll 16
+  for (int i = 0; i < GATED_MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < GEMM_NV; ++v) {
+      const int64_t lanes = FN(lanes_inside)(cols, v);
+      if (!first_k_block) {
+        acc[i][v] = i < rows ? v_load_first(partial + i * stride + v * FMLP_SIMD_WIDTH, lanes)
+                             : v_zero();
+      } else {
+        acc[i][v] = bias != NULL ? v_load_first(bias + v * FMLP_SIMD_WIDTH, lanes) : v_zero();
+      }
+    }
+  }
+}
+
+/* a: the first of GATED_MR rows in a packed MR-tall input panel (element
+ * (i, kk) at a[kk * MR + i]); b_gate, b_up: the matching packed weight
+ * panels. Gate and up accumulate in one pass over K, so the input is read
+ * once and act(gate) * up is stored without a round trip through memory. */
+static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL *restrict b_gate,
+                                  const REAL *restrict b_up, int64_t rows, int64_t cols,
+                                  const FN(gated_tile_epilogue) *ep) {
+  vreal gate[GATED_MR][GEMM_NV], up[GATED_MR][GEMM_NV];
+  FN(load_gated_start)(gate, ep->bias_gate, ep->gate, ep->gate_up_stride, ep->first_k_block,
+                       rows, cols);
+  FN(load_gated_start)(up, ep->bias_up, ep->up, ep->gate_up_stride, ep->first_k_block, rows,
+                       cols);
+#pragma GCC unroll 2
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    vreal bg[GEMM_NV], bu[GEMM_NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < GEMM_NV; ++v) {
+      bg[v] = v_load(b_gate + kk * GEMM_NR + v * FMLP_SIMD_WIDTH);
+      bu[v] = v_load(b_up + kk * GEMM_NR + v * FMLP_SIMD_WIDTH);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < GATED_MR; ++i) {
+      const vreal a_ik = v_set1(a[kk * GEMM_MR + i]);
+#pragma GCC unroll 8
+      for (int v = 0; v < GEMM_NV; ++v) {
+        gate[i][v] = v_fma(a_ik, bg[v], gate[i][v]);
+        up[i][v] = v_fma(a_ik, bu[v], up[i][v]);
+      }
+    }
+  }
+  if (!ep->last_k_block || ep->save_gate_up) {
+#pragma GCC unroll 16
+    for (int i = 0; i < GATED_MR; ++i) {
+      if (i >= rows) break;
+#pragma GCC unroll 8
+      for (int v = 0; v < GEMM_NV; ++v) {
+        const int64_t lanes = FN(lanes_inside)(cols, v);
+        const int64_t at = i * ep->gate_up_stride + v * FMLP_SIMD_WIDTH;
+        v_store_first(ep->gate + at, gate[i][v], lanes);
+        v_store_first(ep->up + at, up[i][v], lanes);
+      }
+    }
+  }
+  if (!ep->last_k_block) return;
+  FN(activate_vectors)(&gate[0][0], GATED_MR * GEMM_NV, ep->activation);
+#pragma GCC unroll 16
+  for (int i = 0; i < GATED_MR; ++i) {
+    if (i >= rows) break;
+#pragma GCC unroll 8
+    for (int v = 0; v < GEMM_NV; ++v) {
+      v_store_first(ep->product + i * ep->product_stride + v * FMLP_SIMD_WIDTH,
+                    v_mul(gate[i][v], up[i][v]), FN(lanes_inside)(cols, v));
+    }
+  }
+}
