@@ -103,7 +103,13 @@ def cpu_kernel_libraries() -> list[tuple[str, dict]]:
         if str(p.relative_to(ROOT)) not in isa_sources.values()
     )
     flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-fno-math-errno"]
-    common = {"include_dirs": ["csrc/include", "csrc/cpu"]}
+    # obj_deps: every kernel includes the templates and headers, which
+    # build_clib would otherwise not know to recompile for.
+    headers = sorted(
+        str(p.relative_to(ROOT))
+        for p in [*cpu_dir.glob("*.h"), *(ROOT / "csrc" / "include" / "fusedmlp").glob("*.h")]
+    )
+    common = {"include_dirs": ["csrc/include", "csrc/cpu"], "obj_deps": {"": headers}}
     # The portable library comes first: the linker resolves its references to
     # the ISA libraries that follow it.
     libraries = [("fusedmlp_cpu_kernels", {**common, "sources": portable, "cflags": flags})]
@@ -115,6 +121,13 @@ def cpu_kernel_libraries() -> list[tuple[str, dict]]:
             )
         )
     return libraries
+
+
+def kernel_files() -> list[str]:
+    """The C kernels' sources and headers: the extension relinks when they change, since
+    build_ext does not look at the static libraries themselves."""
+    paths = [*(ROOT / "csrc" / "cpu").glob("*"), *(ROOT / "csrc" / "include").rglob("*.h")]
+    return sorted(str(p.relative_to(ROOT)) for p in paths if p.suffix in (".c", ".h"))
 
 
 def extension():
@@ -131,6 +144,7 @@ def extension():
             torch_sources,
             include_dirs=[str(ROOT / "csrc" / "include")],
             extra_compile_args={"cxx": cxx_flags},
+            depends=kernel_files(),
         )
     include_dir, lib_dir, lib_file = cublaslt_location()
     print(f"fusedmlp: CUDA build for {os.environ['TORCH_CUDA_ARCH_LIST']}, cuBLASLt {lib_dir}")
@@ -142,6 +156,7 @@ def extension():
         library_dirs=[lib_dir],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", f"-I{include_dir}"]},
         extra_link_args=[f"-l:{lib_file}"],
+        depends=kernel_files(),
     )
 
 
