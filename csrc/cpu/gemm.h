@@ -210,23 +210,24 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
 }
 
 #ifdef FMLP_SIMD_WIDTH
-/* Rows [m0, m0 + count) of x (count <= NR), K-major and zero-padded to NR:
- * element (m, kk) at dst[kk * NR + m]. */
-static void FN(pack_input_transposed)(fmlp_input x, int64_t m0, int64_t count, int64_t k,
-                                      REAL *dst) {
+/* Rows [m0, m0 + count) of x (count <= width), K-major and zero-padded to
+ * width: element (m, kk) at dst[kk * width + m]. */
+static void FN(pack_input_transposed)(fmlp_input x, int64_t m0, int64_t count, int64_t width,
+                                      int64_t k, REAL *dst) {
   const REAL *src = x.data;
-  for (int64_t m = 0; m < GEMM_NR; ++m) {
+  for (int64_t m = 0; m < width; ++m) {
     if (m >= count) {
-      for (int64_t kk = 0; kk < k; ++kk) dst[kk * GEMM_NR + m] = (REAL)0;
+      for (int64_t kk = 0; kk < k; ++kk) dst[kk * width + m] = (REAL)0;
       continue;
     }
     const REAL *row = src + (m0 + m) * x.row_stride;
-    for (int64_t kk = 0; kk < k; ++kk) dst[kk * GEMM_NR + m] = row[kk * x.col_stride];
+    for (int64_t kk = 0; kk < k; ++kk) dst[kk * width + m] = row[kk * x.col_stride];
   }
 }
 
-/* gemm_rows for a weight read in place: the transposed micro-kernel over
- * NR-row slices of x and MR-row slices of the weight. */
+/* gemm_rows for a weight read in place: the transposed micro-kernels over
+ * slices of NR input rows (or one vector's worth, where that is all there
+ * is) and MR weight rows. */
 static void FN(gemm_rows_unpacked)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
                                    const REAL *bias, fmlp_activation activation, REAL *c,
                                    int64_t ldc, REAL *pre, int64_t pre_stride, REAL *scratch) {
@@ -234,18 +235,26 @@ static void FN(gemm_rows_unpacked)(fmlp_input x, int64_t rows, const FN(packed_w
   const REAL *w_data = w->source.data;
   for (int64_t m0 = 0; m0 < rows; m0 += GEMM_NR) {
     const int64_t count = rows - m0 < GEMM_NR ? rows - m0 : GEMM_NR;
-    FN(pack_input_transposed)(x, m0, count, k, scratch);
-    for (int64_t j0 = 0; j0 < n; j0 += GEMM_MR) {
-      const int64_t n_rows = n - j0 < GEMM_MR ? n - j0 : GEMM_MR;
-      const REAL *w_rows[GEMM_MR];
+    const int narrow = count <= FMLP_SIMD_WIDTH;
+    const int64_t tile_rows = narrow ? TRANSPOSED_NARROW_MR : GEMM_MR;
+    FN(pack_input_transposed)(x, m0, count, narrow ? FMLP_SIMD_WIDTH : GEMM_NR, k, scratch);
+    for (int64_t j0 = 0; j0 < n; j0 += tile_rows) {
+      const int64_t n_rows = n - j0 < tile_rows ? n - j0 : tile_rows;
+      const REAL *w_rows[TRANSPOSED_NARROW_MR];
       /* rows past the weight's end re-read its first row: in bounds, never stored */
-      for (int64_t i = 0; i < GEMM_MR; ++i) {
+      for (int64_t i = 0; i < tile_rows; ++i) {
         w_rows[i] = w_data + (j0 + (i < n_rows ? i : 0)) * w->source.row_stride;
       }
-      FN(microkernel_transposed)(k, w_rows, scratch, c + m0 * ldc + j0, ldc, n_rows, count,
-                                 bias != NULL ? bias + j0 : NULL,
-                                 pre != NULL ? pre + m0 * pre_stride + j0 : NULL, pre_stride,
-                                 activation);
+      REAL *c_tile = c + m0 * ldc + j0;
+      const REAL *bias_tile = bias != NULL ? bias + j0 : NULL;
+      REAL *pre_tile = pre != NULL ? pre + m0 * pre_stride + j0 : NULL;
+      if (narrow) {
+        FN(microkernel_transposed_narrow)(k, w_rows, scratch, c_tile, ldc, n_rows, count,
+                                          bias_tile, pre_tile, pre_stride, activation);
+      } else {
+        FN(microkernel_transposed)(k, w_rows, scratch, c_tile, ldc, n_rows, count, bias_tile,
+                                   pre_tile, pre_stride, activation);
+      }
     }
   }
 }

@@ -72,7 +72,8 @@ static inline vreal FN(v_silu)(vreal v) {
 
 /* Applies an activation to `count` vectors in place; the switch sits outside
  * the loop so each case is a straight run of vector code. */
-static inline __attribute__((always_inline)) void FN(activate_vectors)(vreal *v, int count, fmlp_activation activation) {
+static inline __attribute__((always_inline)) void FN(activate_vectors)(
+    vreal *v, int count, fmlp_activation activation) {
   switch (activation) {
     case FMLP_ACT_RELU:
 #pragma GCC unroll 64
