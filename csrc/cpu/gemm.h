@@ -70,6 +70,34 @@ typedef struct {
   int64_t n, k;
 } FN(packed_weight);
 
+#ifdef FMLP_SIMD_WIDTH
+/* dst[c * dst_stride + r] = src[r * src_stride + c] for r < stored_rows and
+ * c < cols, with rows at or past n_rows (<= stored_rows <= W) zero: W x W
+ * blocks go through registers (a vector transpose moves ~8x more elements a
+ * cycle than a scalar copy), the last cols % W columns element by element.
+ * src has unit column stride. */
+static void FN(pack_transposed_block)(const REAL *src, int64_t src_stride, int64_t n_rows,
+                                      int64_t stored_rows, int64_t cols, REAL *dst,
+                                      int64_t dst_stride) {
+  int64_t c0 = 0;
+  for (; c0 + FMLP_SIMD_WIDTH <= cols; c0 += FMLP_SIMD_WIDTH) {
+    vreal block[FMLP_SIMD_WIDTH];
+    for (int i = 0; i < FMLP_SIMD_WIDTH; ++i) {
+      block[i] = i < n_rows ? v_load(src + i * src_stride + c0) : v_zero();
+    }
+    v_transpose(block);
+    for (int t = 0; t < FMLP_SIMD_WIDTH; ++t) {
+      v_store_first(dst + (c0 + t) * dst_stride, block[t], stored_rows);
+    }
+  }
+  for (int64_t c = c0; c < cols; ++c) {
+    for (int64_t i = 0; i < stored_rows; ++i) {
+      dst[c * dst_stride + i] = i < n_rows ? src[i * src_stride + c] : (REAL)0;
+    }
+  }
+}
+#endif
+
 static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
   const FN(packed_weight) *packed = context;
   const int64_t n = packed->n, k = packed->k, n_panels = (n + GEMM_NR - 1) / GEMM_NR;
@@ -80,6 +108,17 @@ static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
                                                              : n_panels;
   for (int64_t p = first; p < last; ++p) {
     REAL *panel = packed->data + p * k * GEMM_NR;
+#ifdef FMLP_SIMD_WIDTH
+    if (cs == 1) {
+      for (int64_t half = 0; half < GEMM_NR; half += FMLP_SIMD_WIDTH) {
+        const int64_t j0 = p * GEMM_NR + half;
+        const int64_t n_rows = n - j0 < 0 ? 0 : n - j0 < FMLP_SIMD_WIDTH ? n - j0 : FMLP_SIMD_WIDTH;
+        FN(pack_transposed_block)(n_rows > 0 ? src + j0 * rs : src, rs, n_rows, FMLP_SIMD_WIDTH,
+                                  k, panel + half, GEMM_NR);
+      }
+      continue;
+    }
+#endif
     for (int64_t jj = 0; jj < GEMM_NR; ++jj) {
       const int64_t j = p * GEMM_NR + jj;
       if (j >= n) {
@@ -119,6 +158,14 @@ static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t k
   const REAL *src = x.data;
   for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
     REAL *panel = dst + (ir / GEMM_MR) * kc * GEMM_MR;
+#ifdef FMLP_SIMD_WIDTH
+    if (x.col_stride == 1) {
+      const int64_t n_rows = mc - ir < GEMM_MR ? mc - ir : GEMM_MR;
+      FN(pack_transposed_block)(src + ir * x.row_stride + pc, x.row_stride, n_rows, GEMM_MR, kc,
+                                panel, GEMM_MR);
+      continue;
+    }
+#endif
     for (int64_t ii = 0; ii < GEMM_MR; ++ii) {
       const int64_t i = ir + ii;
       for (int64_t kk = 0; kk < kc; ++kk) {

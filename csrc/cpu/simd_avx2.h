@@ -58,4 +58,23 @@ static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal othe
   return _mm256_blendv_ps(otherwise, if_true, _mm256_cmp_ps(a, b, _CMP_GT_OQ));
 }
 
+/* r[i][j] = r[j][i] for an 8 x 8 block held as 8 rows. */
+static inline void v_transpose(vreal r[8]) {
+  __m256 t[8], s[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+  }
+}
+
 #endif /* FUSEDMLP_CPU_SIMD_AVX2_H */
