@@ -50,6 +50,19 @@
 /* Weight panels packed per parallel task. */
 #define PACK_PANELS_PER_TASK ((int64_t)8)
 
+/* Fork/join costs a few microseconds on an idle 2-core machine and far more
+ * on a busy one; below this many multiply-adds (~20 us on one core) the
+ * calling thread does the work alone. */
+#define PARALLEL_MIN_MULTIPLY_ADDS ((int64_t)1 << 21)
+/* Elements a parallel weight pack or pointwise pass needs to be worth it. */
+#define PARALLEL_MIN_ELEMENTS ((int64_t)1 << 18)
+
+/* threading, or NULL (serial) when `work` is below `minimum`. */
+static const fmlp_threading *FN(threading_for)(const fmlp_threading *threading, int64_t work,
+                                               int64_t minimum) {
+  return work >= minimum ? threading : NULL;
+}
+
 static void FN(run_tasks)(const fmlp_threading *threading, int64_t n_tasks, void *job,
                           fmlp_task_fn fn) {
   if (threading != NULL && threading->parallel_for != NULL && threading->n_threads > 1 &&
@@ -147,7 +160,8 @@ static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t r
   }
   packed->data = fmlp_alloc_scratch(count, sizeof(REAL));
   if (packed->data == NULL) return FMLP_ERR_OUT_OF_MEMORY;
-  FN(run_tasks)(threading, (n_panels + PACK_PANELS_PER_TASK - 1) / PACK_PANELS_PER_TASK, packed,
+  FN(run_tasks)(FN(threading_for)(threading, count, PARALLEL_MIN_ELEMENTS),
+                (n_panels + PACK_PANELS_PER_TASK - 1) / PACK_PANELS_PER_TASK, packed,
                 FN(pack_weight_panels));
   return FMLP_OK;
 }
