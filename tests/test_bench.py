@@ -36,7 +36,7 @@ def test_quick_sweep_writes_every_case(tmp_path: Path) -> None:
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for case in CASES:  # the table names every case, and progress went to stderr
         assert case.name in result.stdout
-        assert f"{case.name}: fused" in result.stderr
+        assert f"{case.name}: round" in result.stderr
 
 
 def test_case_subset_without_compile(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
     python -m fusedmlp.bench [--device cpu|cuda] [--dtype float32] [--quick] [--out DIR]
                              [--cases a,b] [--no-compile] [--min-run-time S] [--threads N]
 
-Times every case with torch.utils.benchmark (warm-up, CUDA sync, medians), prints a table of
+Times every case with torch.utils.benchmark (warm-up, CUDA sync, medians; the three variants
+take turns in rounds so that drifting machine load biases none of them), prints a table of
 medians and of fused/eager and fused/compile time ratios, and writes bench.json and bench.png
 into --out. GEMM-bound cases also report GFLOP/s as a fraction of this machine's peak,
 measured at the start by a small C FMA loop (bench_peak.py) on as many threads as torch uses.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -69,12 +71,19 @@ def select_cases(spec: str | None) -> list[Case]:
     return [by_name[n] for n in names]
 
 
-def median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
-    for _ in range(2):  # warm-up: torch.compile compiles here, caches fill
+ROUNDS = 3  # variants take turns, so drifting machine load biases none of them
+
+
+def warm_up(fn: Callable[[], object]) -> None:
+    for _ in range(2):  # torch.compile compiles here, caches fill
         fn()
+
+
+def timed_runs(fn: Callable[[], object], min_run_time: float) -> list[float]:
+    """Seconds per call of each timed block (torch.utils.benchmark handles CUDA sync)."""
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
                             num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+    return list(timer.blocked_autorange(min_run_time=min_run_time).times)
 
 
 def variant_calls(case: Case, sizes: tuple[int, ...], x: torch.Tensor, device: str,
@@ -100,15 +109,21 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
     result = CaseResult(case.name, case.description, rows, list(sizes),
                         forward_flops(case, rows, sizes), case.gemm_bound)
     min_run_time = args.min_run_time or (0.05 if args.quick else 1.0)
-    for variant in ("eager", "compile", "fused"):
-        if variant not in calls:
-            continue
+    variants = [v for v in ("eager", "compile", "fused") if v in calls]
+    runs: dict[str, list[float]] = {v: [] for v in variants}
+    for variant in variants:
         started = time.perf_counter()
-        print(f"[{index}/{total}] {case.name}: {variant} ...", end="", file=sys.stderr,
+        print(f"[{index}/{total}] {case.name}: {variant} warm-up ...", end="", file=sys.stderr,
               flush=True)
-        result.median_s[variant] = median_seconds(calls[variant], min_run_time)
-        print(f" {result.median_s[variant] * 1e3:.3f} ms median "
-              f"({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+        warm_up(calls[variant])
+        print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    for round_index in range(ROUNDS):
+        for variant in variants:
+            runs[variant] += timed_runs(calls[variant], min_run_time / ROUNDS)
+        medians = ", ".join(f"{v} {statistics.median(runs[v]) * 1e3:.3f} ms" for v in variants)
+        print(f"[{index}/{total}] {case.name}: round {round_index + 1}/{ROUNDS}: {medians}",
+              file=sys.stderr, flush=True)
+    result.median_s = {v: statistics.median(runs[v]) for v in variants}
     return result
 
 
