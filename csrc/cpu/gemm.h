@@ -286,6 +286,37 @@ static void FN(pack_input_transposed)(fmlp_input x, int64_t m0, int64_t count, i
   }
 }
 
+/* gemm_rows for up to DOT_MAX_ROWS unit-stride rows and a weight read in
+ * place: dot products along K, then bias, pre-activation and activation per
+ * output row segment. */
+static void FN(gemm_rows_dot)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
+                              const REAL *bias, fmlp_activation activation, REAL *c,
+                              int64_t ldc, REAL *pre, int64_t pre_stride) {
+  const int64_t n = w->n, k = w->k;
+  const REAL *x_data = x.data, *w_data = w->source.data;
+  const REAL *x_rows[DOT_MAX_ROWS];
+  /* rows past the input's end re-read its first row: in bounds, never stored */
+  for (int64_t r = 0; r < DOT_MAX_ROWS; ++r) {
+    x_rows[r] = x_data + (r < rows ? r : 0) * x.row_stride;
+  }
+  for (int64_t j0 = 0; j0 < n; j0 += DOT_WEIGHT_ROWS) {
+    const int64_t n_cols = n - j0 < DOT_WEIGHT_ROWS ? n - j0 : DOT_WEIGHT_ROWS;
+    const REAL *w_rows[DOT_WEIGHT_ROWS];
+    for (int64_t j = 0; j < DOT_WEIGHT_ROWS; ++j) {
+      w_rows[j] = w_data + (j0 + (j < n_cols ? j : 0)) * w->source.row_stride;
+    }
+    REAL out[DOT_MAX_ROWS][DOT_WEIGHT_ROWS];
+    FN(dot_tile)(k, x_rows, w_rows, out);
+    for (int64_t r = 0; r < rows; ++r) {
+      REAL *segment = out[r];
+      for (int64_t j = 0; j < n_cols; ++j) segment[j] += bias != NULL ? bias[j0 + j] : (REAL)0;
+      if (pre != NULL) memcpy(pre + r * pre_stride + j0, segment, (size_t)n_cols * sizeof(REAL));
+      FN(activate_span)(segment, n_cols, activation);
+      memcpy(c + r * ldc + j0, segment, (size_t)n_cols * sizeof(REAL));
+    }
+  }
+}
+
 /* gemm_rows for a weight read in place: the transposed micro-kernels over
  * slices of NR input rows (or one vector's worth, where that is all there
  * is) and MR weight rows. */
@@ -294,6 +325,10 @@ static void FN(gemm_rows_unpacked)(fmlp_input x, int64_t rows, const FN(packed_w
                                    int64_t ldc, REAL *pre, int64_t pre_stride, REAL *scratch) {
   const int64_t n = w->n, k = w->k;
   const REAL *w_data = w->source.data;
+  if (rows <= DOT_MAX_ROWS && x.col_stride == 1) {
+    FN(gemm_rows_dot)(x, rows, w, bias, activation, c, ldc, pre, pre_stride);
+    return;
+  }
   for (int64_t m0 = 0; m0 < rows; m0 += GEMM_NR) {
     const int64_t count = rows - m0 < GEMM_NR ? rows - m0 : GEMM_NR;
     const int narrow = count <= FMLP_SIMD_WIDTH;

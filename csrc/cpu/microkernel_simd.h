@@ -157,6 +157,45 @@ static void FN(microkernel_transposed_narrow)(int64_t k, const REAL *const *w_ro
                       n_input_rows, bias, pre, pre_stride, activation);
 }
 
+/* For a handful of input rows (single-token inference) every output is a
+ * dot product along K of an input row and a weight row, both read in place
+ * with unit stride: vectors run along K, so no lane is wasted, and the
+ * weight streams through once. out[r][j] = x_rows[r] . w_rows[j]. */
+#define DOT_MAX_ROWS 4
+#define DOT_WEIGHT_ROWS 4
+
+static void FN(dot_tile)(int64_t k, const REAL *const x_rows[DOT_MAX_ROWS],
+                         const REAL *const w_rows[DOT_WEIGHT_ROWS],
+                         REAL out[DOT_MAX_ROWS][DOT_WEIGHT_ROWS]) {
+  vreal acc[DOT_MAX_ROWS][DOT_WEIGHT_ROWS];
+#pragma GCC unroll 4
+  for (int r = 0; r < DOT_MAX_ROWS; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) acc[r][j] = v_zero();
+  }
+  for (int64_t kk = 0; kk < k; kk += FMLP_SIMD_WIDTH) {
+    const int64_t lanes = k - kk; /* the last step is masked: nothing read past K */
+    vreal w[DOT_WEIGHT_ROWS];
+#pragma GCC unroll 4
+    for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) {
+      w[j] = lanes >= FMLP_SIMD_WIDTH ? v_load(w_rows[j] + kk)
+                                      : v_load_first(w_rows[j] + kk, lanes);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < DOT_MAX_ROWS; ++r) {
+      const vreal x = lanes >= FMLP_SIMD_WIDTH ? v_load(x_rows[r] + kk)
+                                               : v_load_first(x_rows[r] + kk, lanes);
+#pragma GCC unroll 4
+      for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) acc[r][j] = v_fma(x, w[j], acc[r][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < DOT_MAX_ROWS; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) out[r][j] = v_sum(acc[r][j]);
+  }
+}
+
 /* ---- the gated micro-kernel: act(x @ Wg.T + bg) * (x @ Wu.T + bu) ---- */
 
 /* Half an MR-tall input panel: gate and up tiles together fill the registers

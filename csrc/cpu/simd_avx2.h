@@ -58,6 +58,13 @@ static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal othe
   return _mm256_blendv_ps(otherwise, if_true, _mm256_cmp_ps(a, b, _CMP_GT_OQ));
 }
 
+static inline float v_sum(vreal a) {
+  __m128 quad = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  quad = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+  quad = _mm_add_ss(quad, _mm_shuffle_ps(quad, quad, 0x55));
+  return _mm_cvtss_f32(quad);
+}
+
 /* r[i][j] = r[j][i] for an 8 x 8 block held as 8 rows. */
 static inline void v_transpose(vreal r[8]) {
   __m256 t[8], s[8];

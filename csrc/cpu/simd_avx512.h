@@ -57,6 +57,8 @@ static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal othe
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), otherwise, if_true);
 }
 
+static inline float v_sum(vreal a) { return _mm512_reduce_add_ps(a); }
+
 /* r[i][j] = r[j][i] for a 16 x 16 block held as 16 rows: unpacks within
  * 128-bit lanes, then 128-bit lane shuffles across registers. */
 static inline void v_transpose(vreal r[16]) {
