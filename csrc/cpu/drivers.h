@@ -16,6 +16,7 @@
 #define CACHE_RESIDENT_WEIGHT_BYTES ((int64_t)16 << 20)
 #define ACTIVATION_BLOCK_BYTES ((int64_t)256 << 10)
 #define POINTWISE_CHUNK ((int64_t)1 << 14)
+#define TASKS_PER_THREAD 4
 
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
                                      int64_t activation_elems_per_row) {
@@ -24,7 +25,10 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
    * puts rows in vector lanes and splitting them would leave lanes empty. */
   if (rows <= GEMM_UNPACKED_MAX_ROWS) return rows;
   const int64_t per_thread = (rows + threads - 1) / threads;
-  int64_t block = per_thread;
+  /* Several blocks a thread, so the task queue can balance a slowed thread;
+   * each block re-reads the weights, a few percent at these sizes. */
+  const int64_t balanced = per_thread / TASKS_PER_THREAD / GEMM_MC * GEMM_MC;
+  int64_t block = threads > 1 && balanced > GEMM_MC ? balanced : per_thread;
   if (weight_elems * (int64_t)sizeof(REAL) <= CACHE_RESIDENT_WEIGHT_BYTES) {
     const int64_t row_bytes = activation_elems_per_row * (int64_t)sizeof(REAL);
     const int64_t fit = row_bytes > 0 ? ACTIVATION_BLOCK_BYTES / row_bytes : per_thread;

@@ -11,6 +11,7 @@
  * Small row counts skip packing the weight (it would cost as much as the
  * product): the SIMD kernels then compute the transposed product, reading
  * weight rows in place. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "activation.h"
@@ -63,14 +64,38 @@ static const fmlp_threading *FN(threading_for)(const fmlp_threading *threading, 
   return work >= minimum ? threading : NULL;
 }
 
+/* Tasks handed out one at a time from a shared counter: a thread slowed by
+ * another process on its core (or a slower core) takes fewer of them, where
+ * the pool's static split would make everyone wait for it. */
+typedef struct {
+  atomic_llong next;
+  int64_t n_tasks;
+  void *job;
+  fmlp_task_fn fn;
+} FN(task_queue);
+
+static void FN(drain_task_queue)(void *context, int64_t begin, int64_t end) {
+  FN(task_queue) *queue = context;
+  (void)begin;
+  (void)end;
+  for (;;) {
+    const int64_t task = (int64_t)atomic_fetch_add(&queue->next, 1);
+    if (task >= queue->n_tasks) return;
+    queue->fn(queue->job, task, task + 1);
+  }
+}
+
 static void FN(run_tasks)(const fmlp_threading *threading, int64_t n_tasks, void *job,
                           fmlp_task_fn fn) {
-  if (threading != NULL && threading->parallel_for != NULL && threading->n_threads > 1 &&
-      n_tasks > 1) {
-    threading->parallel_for(threading->pool, n_tasks, job, fn);
-  } else {
+  if (threading == NULL || threading->parallel_for == NULL || threading->n_threads <= 1 ||
+      n_tasks <= 1) {
     fn(job, 0, n_tasks);
+    return;
   }
+  FN(task_queue) queue = {.n_tasks = n_tasks, .job = job, .fn = fn};
+  atomic_init(&queue.next, 0);
+  const int64_t workers = threading->n_threads < n_tasks ? threading->n_threads : n_tasks;
+  threading->parallel_for(threading->pool, workers, &queue, FN(drain_task_queue));
 }
 
 /* A weight [n, k] packed into ceil(n / NR) panels of k rows by NR columns,
