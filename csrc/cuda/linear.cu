@@ -31,7 +31,12 @@ extern "C" fmlp_status fmlp_cuda_linear(const fmlp_cuda_env *env,
                             : FMLP_ERR_UNSUPPORTED;
   }
   if (epilogue_is_exact(args->activation) && args->pre == nullptr) {
-    return fmlp_cuda_lt_matmul(env, args);
+    const fmlp_status fused = fmlp_cuda_lt_matmul(env, args);
+    // No algorithm for this epilogue here: fall back to BIAS + our kernel below.
+    const bool flat = args->batch == 1 && args->y_row_stride == args->n;
+    if (fused != FMLP_ERR_UNSUPPORTED || args->activation == FMLP_ACT_NONE || !flat) {
+      return fused;
+    }
   }
   // z = x @ w.T + bias into pre (or y), then y = act(z).
   fmlp_cuda_linear_args bias_only = *args;

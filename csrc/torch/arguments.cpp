@@ -1,5 +1,7 @@
 #include "arguments.h"
 
+#include <c10/util/safe_numerics.h>
+
 #include <array>
 
 namespace fusedmlp {
@@ -26,10 +28,7 @@ void check_same(const char *op, const char *name, const at::Tensor &t, const at:
 
 void check_x(const char *op, const at::Tensor &x, const std::vector<at::ScalarType> &dtypes) {
   TORCH_CHECK(x.dim() >= 1, op, ": x must have shape (*, in_features), got a 0-d tensor");
-  bool supported = false;
-  for (const auto dtype : dtypes) supported = supported || x.scalar_type() == dtype;
-  TORCH_CHECK_TYPE(supported, op, ": x has dtype ", x.scalar_type(), ", but on ",
-                   x.device().type(), " only ", dtype_names(dtypes), " are supported");
+  check_dtype(op, "x", x, dtypes);
 }
 
 void check_weight(const char *op, const std::string &name, const at::Tensor &w,
@@ -41,6 +40,34 @@ void check_weight(const char *op, const std::string &name, const at::Tensor &w,
   check_same(op, name.c_str(), w, x);
 }
 
+// The number of rows of x viewed as (rows, in_features): the product of its
+// leading sizes (x.numel() / in_features fails when in_features is 0).
+int64_t leading_rows(const at::Tensor &x) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  return rows;
+}
+
+// Checks that rows * width * copies, and the running total of such products,
+// fit in int64, before anything of that size is allocated.
+void check_count(const char *op, const std::string &weight, const char *what, int64_t rows,
+                 int64_t width, int64_t copies, int64_t *total) {
+  int64_t count = 0;
+  const bool overflows = c10::mul_overflows(rows, width, &count) ||
+                         c10::mul_overflows(count, copies, &count) ||
+                         c10::add_overflows(*total, count, total);
+  TORCH_CHECK(!overflows, op, ": x has ", rows, " rows and ", weight, " has ", width,
+              " output features: ", what, " would have more elements than int64 can count");
+}
+
+void check_rows(const char *op, const at::Tensor &x) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) {
+    TORCH_CHECK(!c10::mul_overflows(rows, x.size(d), &rows), op, ": x has shape ", x.sizes(),
+                "; its leading sizes multiply to more rows than int64 can count");
+  }
+}
+
 void check_bias(const char *op, const std::string &name, const std::optional<at::Tensor> &bias,
                 int64_t out_features, const at::Tensor &x) {
   if (!bias.has_value()) return;
@@ -50,6 +77,14 @@ void check_bias(const char *op, const std::string &name, const std::optional<at:
 }
 
 }  // namespace
+
+void check_dtype(const char *op, const char *name, const at::Tensor &t,
+                 const std::vector<at::ScalarType> &dtypes) {
+  bool supported = false;
+  for (const auto dtype : dtypes) supported = supported || t.scalar_type() == dtype;
+  TORCH_CHECK_TYPE(supported, op, ": ", name, " has dtype ", t.scalar_type(), ", but on ",
+                   t.device().type(), " only ", dtype_names(dtypes), " are supported");
+}
 
 fmlp_activation parse_activation(c10::string_view name) {
   for (size_t i = 0; i < kActivationNames.size(); ++i) {
@@ -76,6 +111,16 @@ void check_chain(const char *op, const at::Tensor &x, at::TensorList weights,
     features = weights[l].size(0);
     check_bias(op, "bias" + suffix, bias_at(biases, l), features, x);
   }
+  // Every layer's output may be saved twice (pre-activation and hidden), so the
+  // saved buffer holds at most 2 * rows * sum(widths) elements.
+  check_rows(op, x);
+  const int64_t rows = leading_rows(x);
+  int64_t saved = 0;
+  for (size_t l = 0; l < weights.size(); ++l) {
+    const std::string name = weights.size() > 1 ? "weight[" + std::to_string(l) + "]" : "weight";
+    check_count(op, name, "the output and saved activations", rows, weights[l].size(0), 2,
+                &saved);
+  }
 }
 
 void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
@@ -93,6 +138,12 @@ void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
   check_bias(op, "bias_gate", bias_gate, w_gate.size(0), x);
   check_bias(op, "bias_up", bias_up, w_up.size(0), x);
   check_bias(op, "bias_down", bias_down, w_down.size(0), x);
+  check_rows(op, x);
+  int64_t total = 0;
+  check_count(op, "w_gate", "the saved gate, up and product activations", leading_rows(x),
+              w_gate.size(0), 3, &total);
+  total = 0;
+  check_count(op, "w_down", "the output", leading_rows(x), w_down.size(0), 1, &total);
 }
 
 at::Tensor as_rows(const at::Tensor &x) {

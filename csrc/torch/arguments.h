@@ -20,6 +20,10 @@ fmlp_activation parse_activation(c10::string_view name);
 void check_chain(const char *op, const at::Tensor &x, at::TensorList weights,
                  at::TensorList biases, const std::vector<at::ScalarType> &dtypes);
 
+// t's dtype must be one of `dtypes` (those the backend computes in): a TypeError otherwise.
+void check_dtype(const char *op, const char *name, const at::Tensor &t,
+                 const std::vector<at::ScalarType> &dtypes);
+
 // Layer l's bias, if the chain has biases.
 std::optional<at::Tensor> bias_at(at::TensorList biases, size_t layer);
 

@@ -62,6 +62,7 @@ struct CpuBackend {
     const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
     at::Tensor saved = at::empty({save ? layout.total : 0}, options);
     const fmlp_threading threading = aten_threading();
+    double empty_output = 0;
 
     // Under a profiler, run layer by layer so each layer gets its own event;
     // otherwise one call runs row blocks through every layer.
@@ -95,7 +96,10 @@ struct CpuBackend {
           .biases = b_data.data(),
           .hidden_activation = hidden,
           .final_activation = first + count == n_layers ? final_activation : hidden,
-          .y = out.data_ptr(),
+          // An output with no elements has no storage (data_ptr() is NULL), but the
+          // kernel rejects a NULL y whenever any layer of the chain has a width > 0,
+          // e.g. an mlp whose last layer has 0 outputs; it writes nothing to y then.
+          .y = out.numel() > 0 ? out.data_ptr() : static_cast<void *>(&empty_output),
           .y_row_stride = out.stride(0),
           .saved_pre = pre_data.data(),
           .saved_hidden = hidden_data.data(),

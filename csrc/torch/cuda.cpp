@@ -59,9 +59,14 @@ struct GemmEnv {
   }
 };
 
+// A single row's stride is arbitrary; cuBLASLt still wants one >= the row length.
+int64_t row_stride(const at::Tensor &t) {
+  return t.size(0) <= 1 ? std::max<int64_t>(1, t.size(1)) : t.stride(0);
+}
+
 // cuBLASLt takes rows with unit column stride and a row stride >= the row length.
 at::Tensor gemm_operand(const at::Tensor &t) {
-  const bool usable = t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, t.size(1));
+  const bool usable = t.stride(1) == 1 && row_stride(t) >= std::max<int64_t>(1, t.size(1));
   return usable ? t : t.contiguous();
 }
 
@@ -80,12 +85,12 @@ fmlp_cuda_linear_args linear_args(const at::Tensor &x, const at::Tensor &w, cons
   args.k = w.size(1);
   args.batch = 1;
   args.x = x.data_ptr();
-  args.x_row_stride = x.stride(0);
+  args.x_row_stride = row_stride(x);
   args.w = w.data_ptr();
-  args.w_row_stride = w.stride(0);
+  args.w_row_stride = row_stride(w);
   args.bias = optional_data(b);
   args.y = y.data_ptr();
-  args.y_row_stride = y.stride(0);
+  args.y_row_stride = row_stride(y);
   args.activation = activation;
   args.pre = pre;
   return args;
@@ -106,7 +111,9 @@ bool gate_up_batchable(const at::Tensor &wg, const at::Tensor &wu, const at::Ten
     *elements = bytes / static_cast<intptr_t>(a.element_size());
     return bytes > 0 && bytes % 16 == 0;
   };
-  if (wg.stride(0) != wu.stride(0) || bg.defined() != bu.defined()) return false;
+  if (wg.size(1) == 0 || row_stride(wg) != row_stride(wu) || bg.defined() != bu.defined()) {
+    return false;
+  }
   if (!distance(wg, wu, w_stride)) return false;
   *b_stride = 0;
   return !bg.defined() || distance(bg, bu, b_stride);

@@ -94,26 +94,38 @@ struct OpWrappers {
     return run_gated(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation, true);
   }
 
-  static void check_pointwise(const char *op, const at::Tensor &grad,
-                              std::initializer_list<const at::Tensor *> others) {
-    for (const at::Tensor *t : others) {
-      TORCH_CHECK(t->sizes() == grad.sizes(), op, ": expected tensors of shape ", grad.sizes(),
-                  ", got ", t->sizes());
-      TORCH_CHECK(t->scalar_type() == grad.scalar_type() && t->device() == grad.device(), op,
-                  ": all tensors must share the dtype and device of grad");
+  // The kernels read numel() elements of the backend's compute type from every
+  // tensor, so an unsupported dtype (say uint8 or float16 on CPU) would make them
+  // read past the end of the buffer: reject it.
+  // The kernels read numel() elements of the backend's compute type from every
+  // tensor, so an unsupported dtype (say uint8 or float16 on CPU) would make them
+  // read past the end of the buffer: reject it.
+  static void check_pointwise(const char *op, const at::Tensor &grad, const char *grad_name,
+                              std::initializer_list<std::pair<const char *, const at::Tensor *>>
+                                  others) {
+    check_dtype(op, grad_name, grad, Backend::dtypes());
+    for (const auto &[name, t] : others) {
+      TORCH_CHECK(t->sizes() == grad.sizes(), op, ": ", name, " must have the shape of ",
+                  grad_name, ", ", grad.sizes(), ", got ", t->sizes());
+      TORCH_CHECK(t->scalar_type() == grad.scalar_type(), op, ": ", name, " has dtype ",
+                  t->scalar_type(), " but ", grad_name, " has dtype ", grad.scalar_type(),
+                  "; all tensors must share one dtype");
+      TORCH_CHECK(t->device() == grad.device(), op, ": ", name, " is on ", t->device(), " but ",
+                  grad_name, " is on ", grad.device(), "; all tensors must be on one device");
     }
   }
 
   static at::Tensor activation_backward(const at::Tensor &grad, const at::Tensor &pre,
                                         c10::string_view activation) {
-    check_pointwise("fusedmlp.activation_backward", grad, {&pre});
+    check_pointwise("fusedmlp.activation_backward", grad, "grad", {{"pre", &pre}});
     return Backend::activation_backward(grad.contiguous(), pre.contiguous(),
                                         parse_activation(activation));
   }
 
   static TensorPair gated_backward(const at::Tensor &grad_product, const at::Tensor &gate,
                                    const at::Tensor &up, c10::string_view activation) {
-    check_pointwise("fusedmlp.gated_backward", grad_product, {&gate, &up});
+    check_pointwise("fusedmlp.gated_backward", grad_product, "grad_product",
+                    {{"gate", &gate}, {"up", &up}});
     return Backend::gated_backward(grad_product.contiguous(), gate.contiguous(), up.contiguous(),
                                    parse_activation(activation));
   }

@@ -31,6 +31,8 @@ _FUSED = (FusedLinear, FusedMLP, FusedGatedMLP)
 def convert(model: nn.Module, inplace: bool = False) -> nn.Module:
     """Returns `model` with fused modules swapped in. With inplace=False the module tree is
     copied first, but the copy shares its Parameters and buffers with `model`."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fusedmlp.convert: model must be an nn.Module, got {type(model).__name__}")
     root = model if inplace else _copy_tree(model)
     return _convert(root)
 

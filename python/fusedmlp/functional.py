@@ -18,9 +18,12 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _check_tensor(name: str, value: object) -> None:
+def _check_tensor(name: str, value: object, optional: bool = False) -> None:
+    if optional and value is None:
+        return
     if not isinstance(value, Tensor):
-        raise TypeError(f"fusedmlp: {name} must be a Tensor, got {type(value).__name__}")
+        expected = "a Tensor or None" if optional else "a Tensor"
+        raise TypeError(f"fusedmlp: {name} must be {expected}, got {type(value).__name__}")
 
 
 def linear(
@@ -30,6 +33,7 @@ def linear(
     check_activation(activation)
     _check_tensor("x", x)
     _check_tensor("weight", weight)
+    _check_tensor("bias", bias, optional=True)
     if _needs_grad(x, weight, bias):
         return _ops.linear_train(x, weight, bias, activation)[0]
     return _ops.linear(x, weight, bias, activation)
@@ -44,6 +48,10 @@ def mlp(
     """Linear layers with `activation` after every layer but the last, in one op."""
     check_activation(activation)
     _check_tensor("x", x)
+    if isinstance(weights, Tensor) or isinstance(biases, Tensor):
+        raise TypeError(
+            "fusedmlp.mlp: weights and biases must be sequences of Tensors, not a Tensor"
+        )
     weights = list(weights)
     if not weights:
         raise ValueError("fusedmlp.mlp: weights must hold at least one weight")
@@ -55,6 +63,8 @@ def mlp(
             f"fusedmlp.mlp: got {len(weights)} weights but {len(biases)} biases; "
             "pass one bias (or None) per weight"
         )
+    for index, bias in enumerate(biases):
+        _check_tensor(f"biases[{index}]", bias, optional=True)
     train = _needs_grad(x, *weights, *biases)
     biases = _all_or_no_biases(weights, biases)
     if train:
@@ -86,6 +96,8 @@ def gated_mlp(
     check_activation(activation)
     for name, tensor in (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
         _check_tensor(name, tensor)
+    for name, tensor in (("bias_gate", bias_gate), ("bias_up", bias_up), ("bias_down", bias_down)):
+        _check_tensor(name, tensor, optional=True)
     args = (x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation)
     if _needs_grad(*args[:-1]):
         return _ops.gated_mlp_train(*args)[0]

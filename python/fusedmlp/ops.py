@@ -50,86 +50,193 @@ def _rows(x: Tensor) -> int:
     return math.prod(x.shape[:-1])
 
 
-def _check_like_x(x: Tensor, named: dict[str, Tensor | None]) -> None:
-    """The real kernels' device and dtype checks, for fake tensors (and the meta device,
-    which the fake kernels also serve)."""
-    for name, tensor in named.items():
-        if tensor is None:
-            continue
-        if tensor.device != x.device:
-            raise RuntimeError(
-                f"fusedmlp: {name} is on {tensor.device} but x is on {x.device}; "
-                "all tensors must be on one device"
-            )
-        if tensor.dtype != x.dtype:
-            raise RuntimeError(
-                f"fusedmlp: {name} has dtype {tensor.dtype} but x has dtype {x.dtype}; "
-                "all tensors must share one dtype"
-            )
+# The dtypes each device's kernels take (as csrc/torch/{cpu,cuda}.cpp); other
+# devices (meta) take any floating dtype.
+_DEVICE_DTYPES = {
+    "cpu": (torch.float32, torch.float64, torch.bfloat16),
+    "cuda": (torch.float32, torch.float16, torch.bfloat16),
+}
+
+
+def _check_same(op: str, name: str, t: Tensor | None, x: Tensor) -> None:
+    """The fake kernels' twin of the C++ check_same: one dtype and one device for all."""
+    if t is None:
+        return
+    torch._check(
+        t.dtype == x.dtype,
+        lambda: (
+            f"{op}: {name} has dtype {t.dtype} but x has dtype {x.dtype}; "
+            "all tensors must share one dtype"
+        ),
+    )
+    torch._check(
+        t.device == x.device,
+        lambda: (
+            f"{op}: {name} is on {t.device} but x is on {x.device}; "
+            "all tensors must be on one device"
+        ),
+    )
+
+
+def _check_x(op: str, x: Tensor) -> None:
+    torch._check(
+        x.dim() >= 1, lambda: f"{op}: x must have shape (*, in_features), got a 0-d tensor"
+    )
+    dtypes = _DEVICE_DTYPES.get(x.device.type)
+    supported = x.dtype.is_floating_point if dtypes is None else x.dtype in dtypes
+    torch._check_type(
+        supported, lambda: f"{op}: x has dtype {x.dtype}, not supported on {x.device.type}"
+    )
+
+
+def _check_weight(op: str, name: str, weight: Tensor, features: int, x: Tensor) -> None:
+    torch._check(
+        weight.dim() == 2,
+        lambda: f"{op}: {name} must be 2-D (out_features, in_features), got {weight.dim()}-D",
+    )
+    torch._check(
+        weight.shape[1] == features,
+        lambda: (
+            f"{op}: {name} has shape {tuple(weight.shape)} and expects {weight.shape[1]} "
+            f"input features, but its input has {features}"
+        ),
+    )
+    _check_same(op, name, weight, x)
+
+
+def _check_bias(op: str, name: str, bias: Tensor | None, features: int, x: Tensor) -> None:
+    if bias is None:
+        return
+    torch._check(
+        bias.dim() == 1 and bias.shape[0] == features,
+        lambda: f"{op}: {name} must have shape ({features}), got {tuple(bias.shape)}",
+    )
+    _check_same(op, name, bias, x)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _check_count(op: str, weight: str, what: str, x: Tensor, width: object, copies: int) -> None:
+    """The C++ check_count: rows * width * copies must fit int64 (checked when sizes are
+    concrete; symbolic sizes are left to the real kernel)."""
+    rows = _rows(x)
+    if isinstance(rows, int) and isinstance(width, int):
+        torch._check(
+            rows * width * copies <= _INT64_MAX,
+            lambda: (
+                f"{op}: x has {rows} rows and {weight} {width} output features: "
+                f"{what} would have more elements than int64 can count"
+            ),
+        )
 
 
 def _chain_fake(
-    x: Tensor, weights: list[Tensor], biases: list, hidden: str, final: str
+    op: str, x: Tensor, weights: list[Tensor], biases: list[Tensor | None], hidden: str, final: str
 ) -> tuple[Tensor, Tensor]:
-    _check_like_x(x, {f"weights[{i}]": w for i, w in enumerate(weights)})
-    _check_like_x(x, {f"biases[{i}]": b for i, b in enumerate(biases)})
-    torch._check(x.dim() >= 1, lambda: "x must have shape (*, in_features)")
+    _check_x(op, x)
+    torch._check(len(weights) > 0, lambda: f"{op}: weights must hold at least one weight")
+    torch._check(
+        len(biases) in (0, len(weights)),
+        lambda: (
+            f"{op}: got {len(weights)} weights but {len(biases)} biases; "
+            "pass one bias per weight, or none"
+        ),
+    )
     features = x.shape[-1]
-    for weight in weights:
-        torch._check(weight.dim() == 2, lambda: "weight must be 2-D")
-        torch._check(weight.shape[1] == features, lambda: "weight and input features differ")
+    for index, weight in enumerate(weights):
+        suffix = f"[{index}]" if len(weights) > 1 else ""
+        _check_weight(op, f"weight{suffix}", weight, features, x)
         features = weight.shape[0]
+        _check_bias(op, f"bias{suffix}", biases[index] if biases else None, features, x)
     widths = [x.shape[-1]] + [w.shape[0] for w in weights]
+    _check_count(op, "the weights have", "the output and saved activations", x, sum(widths[1:]), 2)
     _, total = chain_layout(_rows(x), widths, hidden, final)
     y = x.new_empty((*x.shape[:-1], weights[-1].shape[0]))
     return y, x.new_empty((total,))
 
 
-def _gated_fake(x: Tensor, *params: Tensor | None) -> tuple[Tensor, Tensor]:
-    names = ("w_gate", "w_up", "w_down", "bias_gate", "bias_up", "bias_down")
-    _check_like_x(x, dict(zip(names, params)))
-    w_gate, w_down = params[0], params[2]
-    torch._check(w_gate.shape[1] == x.shape[-1], lambda: "w_gate and x features differ")
+def _gated_fake(
+    x: Tensor,
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+    biases: tuple[Tensor | None, Tensor | None, Tensor | None],
+) -> tuple[Tensor, Tensor]:
+    op = "fusedmlp.gated_mlp"
+    _check_x(op, x)
+    _check_weight(op, "w_gate", w_gate, x.shape[-1], x)
+    _check_weight(op, "w_up", w_up, x.shape[-1], x)
+    torch._check(
+        w_up.shape[0] == w_gate.shape[0],
+        lambda: (
+            f"{op}: w_gate has shape {tuple(w_gate.shape)} but w_up has shape "
+            f"{tuple(w_up.shape)}; both must be (hidden, dim)"
+        ),
+    )
+    _check_weight(op, "w_down", w_down, w_gate.shape[0], x)
+    names = ("bias_gate", "bias_up", "bias_down")
+    widths = (w_gate.shape[0], w_up.shape[0], w_down.shape[0])
+    for name, bias, features in zip(names, biases, widths, strict=True):
+        _check_bias(op, name, bias, features, x)
+    _check_count(op, "w_gate has", "the saved gate, up and product activations", x, widths[0], 3)
+    _check_count(op, "w_down has", "the output", x, widths[2], 1)
     y = x.new_empty((*x.shape[:-1], w_down.shape[0]))
     return y, x.new_empty((3, _rows(x), w_gate.shape[0]))
 
 
+def _pointwise_fake(op: str, grad: Tensor, others: dict[str, Tensor]) -> None:
+    for name, t in others.items():
+        torch._check(
+            t.shape == grad.shape,
+            lambda name=name, t=t: (
+                f"{op}: {name} must have the shape of grad, "
+                f"{tuple(grad.shape)}, got {tuple(t.shape)}"
+            ),
+        )
+        torch._check(
+            t.dtype == grad.dtype and t.device == grad.device,
+            lambda name=name: f"{op}: {name} must share the dtype and device of grad",
+        )
+
+
 @torch.library.register_fake("fusedmlp::linear")
 def _linear_fake(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:
-    return _chain_fake(x, [weight], [bias], activation, activation)[0]
+    return _chain_fake("fusedmlp.linear", x, [weight], [bias], activation, activation)[0]
 
 
 @torch.library.register_fake("fusedmlp::linear_train")
 def _linear_train_fake(
     x: Tensor, weight: Tensor, bias: Tensor | None, activation: str
 ) -> tuple[Tensor, Tensor]:
-    return _chain_fake(x, [weight], [bias], activation, activation)
+    return _chain_fake("fusedmlp.linear", x, [weight], [bias], activation, activation)
 
 
 @torch.library.register_fake("fusedmlp::mlp")
 def _mlp_fake(x: Tensor, weights: list[Tensor], biases: list[Tensor], activation: str) -> Tensor:
-    return _chain_fake(x, weights, biases, activation, "none")[0]
+    return _chain_fake("fusedmlp.mlp", x, weights, biases, activation, "none")[0]
 
 
 @torch.library.register_fake("fusedmlp::mlp_train")
 def _mlp_train_fake(
     x: Tensor, weights: list[Tensor], biases: list[Tensor], activation: str
 ) -> tuple[Tensor, Tensor]:
-    return _chain_fake(x, weights, biases, activation, "none")
+    return _chain_fake("fusedmlp.mlp", x, weights, biases, activation, "none")
 
 
 @torch.library.register_fake("fusedmlp::gated_mlp")
 def _gated_mlp_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation):
-    return _gated_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down)[0]
+    return _gated_fake(x, w_gate, w_up, w_down, (bias_gate, bias_up, bias_down))[0]
 
 
 @torch.library.register_fake("fusedmlp::gated_mlp_train")
 def _gated_mlp_train_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation):
-    return _gated_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down)
+    return _gated_fake(x, w_gate, w_up, w_down, (bias_gate, bias_up, bias_down))
 
 
 @torch.library.register_fake("fusedmlp::activation_backward")
 def _activation_backward_fake(grad: Tensor, pre: Tensor, activation: str) -> Tensor:
+    _pointwise_fake("fusedmlp.activation_backward", grad, {"pre": pre})
     return grad.new_empty(grad.shape)
 
 
@@ -137,6 +244,7 @@ def _activation_backward_fake(grad: Tensor, pre: Tensor, activation: str) -> Ten
 def _gated_backward_fake(
     grad_product: Tensor, gate: Tensor, up: Tensor, activation: str
 ) -> tuple[Tensor, Tensor]:
+    _pointwise_fake("fusedmlp.gated_backward", grad_product, {"gate": gate, "up": up})
     return grad_product.new_empty(grad_product.shape), grad_product.new_empty(grad_product.shape)
 
 
@@ -210,6 +318,19 @@ def _gated_backward(
     )
 
 
+def _refuse_double_backward(op: str, differentiable: bool) -> None:
+    """The backward reads pre-activations and hidden outputs from `saved`, which autograd
+    cannot differentiate through, and fusedmlp::activation_backward / gated_backward have no
+    derivative: under create_graph=True second-order gradients would silently lose terms
+    (a ReLU mlp's gradient penalty came out wrong). Refuse them unless the backward is made of
+    differentiable matmuls only."""
+    if torch.is_grad_enabled() and not differentiable:
+        raise RuntimeError(
+            f"fusedmlp.{op}: double backward (create_graph=True) is not supported; "
+            "use torch.nn.Linear and activation modules for higher-order gradients"
+        )
+
+
 def _save(ctx, x: Tensor, saved: Tensor, weights: list[Tensor], biases: list) -> None:
     ctx.save_for_backward(x, saved, *weights, *[b for b in biases if b is not None])
     ctx.n_weights = len(weights)
@@ -258,6 +379,8 @@ class _ChainOp:
             ctx.activation, ctx.recompute = activation, not training
 
         def backward(ctx, grad_y: Tensor, *_unused):
+            # One layer without activation differentiates only through x and weight.
+            _refuse_double_backward(self.name, self.single_layer and ctx.activation == "none")
             x, saved, weights, biases = _saved_inputs(ctx)
             if ctx.recompute:
                 saved = train_op(*self.pack(x, weights, biases, ctx.activation))[1]
@@ -299,6 +422,7 @@ def _register_gated() -> None:
         ctx.activation, ctx.recompute = activation, not training
 
     def backward(ctx, grad_y: Tensor, *_unused):
+        _refuse_double_backward("gated_mlp", False)
         x, saved, weights, biases = _saved_inputs(ctx)
         if ctx.recompute:
             saved = _ops.gated_mlp_train(x, *weights, *biases, ctx.activation)[1]

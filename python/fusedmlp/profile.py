@@ -1,0 +1,276 @@
+"""Linear -> MLP profiling study: eager vs torch.compile vs fused, side by side.
+
+    python -m fusedmlp.profile [--device cuda] [--experiments linear,mlp,gated] [--out DIR]
+
+Each experiment runs as eager PyTorch, torch.compile of it, our fused modules and torch.compile
+of those, all sharing one set of weights. For each variant it writes a Chrome/Perfetto trace
+and reports ops and kernels per forward, CPU, GPU and wall time per forward, and whether the
+output matches eager; then summary.json, summary.md and a chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fusedmlp.profile_chart import write_chart
+from fusedmlp.profile_experiments import (
+    ALL_VARIANTS,
+    COMPILE,
+    EXPERIMENTS,
+    FUSED_COMPILE,
+    MLP_ACTIVATIONS,
+    UNCOMPILED_VARIANTS,
+    Experiment,
+    build_experiment,
+    default_tokens,
+    variant_model,
+)
+from fusedmlp.profile_measure import (
+    ExperimentResult,
+    VariantResult,
+    check_output,
+    profile_forward,
+    time_forward,
+    warm_up,
+)
+from fusedmlp.profile_reading import format_ms
+from fusedmlp.profile_report import environment, summary_markdown, write_summary_json
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+DEFAULT_ITERS = {"cuda": 50, "cpu": 10}
+CHART_FILE, SUMMARY_MD, SUMMARY_JSON = "summary.png", "summary.md", "summary.json"
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    device: torch.device
+    dtype: torch.dtype
+    experiments: list[str]
+    tokens: int | None
+    iters: int
+    warmup: int
+    profile_steps: int
+    compile: bool
+    mlp_activation: str
+    out: Path
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return ALL_VARIANTS if self.compile else UNCOMPILED_VARIANTS
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "experiments": self.experiments,
+            "tokens": self.tokens,
+            "iters": self.iters,
+            "warmup": self.warmup,
+            "profile_steps": self.profile_steps,
+            "variants": list(self.variants),
+            "mlp_activation": self.mlp_activation,
+        }
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def experiment_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in EXPERIMENTS:
+            raise argparse.ArgumentTypeError(
+                f"unknown experiment {name!r} (choose from {', '.join(EXPERIMENTS)})"
+            )
+    if not names:
+        raise argparse.ArgumentTypeError("no experiment given")
+    return list(dict.fromkeys(names))
+
+
+def dtype_name(text: str) -> torch.dtype:
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {text!r} (choose from {', '.join(DTYPES)})"
+        )
+    return DTYPES[text]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fusedmlp.profile",
+        description="Profile Linear, MLP and GeGLU blocks: eager vs torch.compile vs fused.",
+    )
+    parser.add_argument("--device", help="cpu or cuda (default: cuda if available, else cpu)")
+    parser.add_argument(
+        "--dtype",
+        type=dtype_name,
+        help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--experiments",
+        type=experiment_list,
+        default=list(EXPERIMENTS),
+        help="comma-separated subset of linear,mlp,gated (default: all)",
+    )
+    parser.add_argument("--tokens", type=positive_int, help="input rows for every experiment")
+    parser.add_argument(
+        "--iters",
+        type=positive_int,
+        help="timed forwards per variant (default: 50 on CUDA, 10 on CPU)",
+    )
+    parser.add_argument(
+        "--warmup", type=positive_int, default=3, help="forwards before measuring (default: 3)"
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=positive_int,
+        default=5,
+        help="forwards recorded by torch.profiler per variant (default: 5)",
+    )
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    parser.add_argument(
+        "--mlp-activation",
+        choices=MLP_ACTIVATIONS,
+        default="gelu",
+        help="activation between the mlp experiment's layers (default: gelu, exact)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("fusedmlp-profile"),
+        help="output folder (default: ./fusedmlp-profile)",
+    )
+    return parser
+
+
+def resolve_device(parser: argparse.ArgumentParser, text: str | None) -> torch.device:
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        parser.error(f"unknown device {text!r} (use cpu or cuda)")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"unsupported device {text!r} (use cpu or cuda)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {text} requested, but torch sees no CUDA GPU")
+    return device
+
+
+def parse_settings(argv: list[str] | None) -> StudySettings:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    device = resolve_device(parser, args.device)
+    on_cuda = device.type == "cuda"
+    default_dtype = torch.bfloat16 if on_cuda else torch.float32
+    return StudySettings(
+        device=device,
+        dtype=args.dtype or default_dtype,
+        experiments=args.experiments,
+        tokens=args.tokens,
+        iters=args.iters or DEFAULT_ITERS["cuda" if on_cuda else "cpu"],
+        warmup=args.warmup,
+        profile_steps=args.profile_steps,
+        compile=not args.no_compile,
+        mlp_activation=args.mlp_activation,
+        out=args.out,
+    )
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_variant(
+    experiment: Experiment,
+    variant: str,
+    reference: torch.Tensor,
+    settings: StudySettings,
+    prefix: str,
+) -> VariantResult:
+    device, inputs = settings.device, experiment.inputs
+    compiled = variant in (COMPILE, FUSED_COMPILE)
+    log(f"{prefix}: {'compiling' if compiled else 'warming up'}...")
+    model = variant_model(experiment, variant, device)
+    first_call_s = warm_up(model, inputs, settings.warmup, device)
+    check = check_output(model(inputs), reference)
+    log(f"{prefix}: profiling {settings.profile_steps} forwards...")
+    trace_file = f"{experiment.name}-{variant.replace('+', '-')}.json"
+    counts = profile_forward(
+        model, inputs, settings.profile_steps, device, settings.out / trace_file
+    )
+    log(f"{prefix}: timing {settings.iters} forwards...")
+    wall = time_forward(model, inputs, settings.iters, device)
+    matches = "matches eager" if check.matches_eager else "does NOT match eager"
+    log(f"{prefix}: {format_ms(wall.median_ms)} ms per forward (median), {matches}")
+    return VariantResult(variant, trace_file, first_call_s, check, counts, wall)
+
+
+def run_study(settings: StudySettings) -> list[ExperimentResult]:
+    total = len(settings.experiments) * len(settings.variants)
+    results = []
+    for experiment_index, name in enumerate(settings.experiments):
+        tokens = settings.tokens or default_tokens(name, settings.device)
+        experiment = build_experiment(
+            name, tokens, settings.device, settings.dtype, settings.mlp_activation
+        )
+        shape = tuple(experiment.inputs.shape)
+        log(f"{name}: {experiment.description}; input {shape}, {settings.dtype}")
+        reference = experiment.eager(experiment.inputs)
+        variant_results = []
+        for variant_index, variant in enumerate(settings.variants):
+            step = experiment_index * len(settings.variants) + variant_index + 1
+            prefix = f"[{step}/{total}] {name} / {variant}"
+            variant_results.append(run_variant(experiment, variant, reference, settings, prefix))
+        results.append(ExperimentResult(name, experiment.description, shape, variant_results))
+    return results
+
+
+def warn_if_overloaded(env: dict[str, str | int | float | None]) -> None:
+    load, cores = env["load_average_1min"], env["cpu_count"]
+    if isinstance(load, float) and isinstance(cores, int) and load > cores:
+        log(f"warning: load average {load} on {cores} cores; other processes inflated the times")
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    settings.out.mkdir(parents=True, exist_ok=True)
+    with torch.inference_mode():
+        experiments = run_study(settings)
+    env = environment(settings.device)
+    warn_if_overloaded(env)
+    settings_json = settings.as_json()
+    summary = summary_markdown(env, settings_json, experiments, CHART_FILE)
+    (settings.out / SUMMARY_MD).write_text(summary)
+    write_summary_json(settings.out / SUMMARY_JSON, env, settings_json, experiments)
+    title = f"fusedmlp profile, {settings_json['device']} {settings_json['dtype']}"
+    write_chart(settings.out / CHART_FILE, experiments, title)
+    print(summary)
+    print(
+        f"Wrote {SUMMARY_MD}, {SUMMARY_JSON}, {CHART_FILE} and one trace per variant "
+        f"to {settings.out.resolve()}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

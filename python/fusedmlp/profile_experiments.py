@@ -1,0 +1,159 @@
+"""The experiments of `python -m fusedmlp.profile`: models, inputs and the four variants.
+
+Every variant of an experiment shares the eager model's weights, so their outputs must agree.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fusedmlp
+
+EXPERIMENTS = ("linear", "mlp", "gated")
+EAGER, COMPILE, FUSED, FUSED_COMPILE = "eager", "compile", "fused", "fused+compile"
+ALL_VARIANTS = (EAGER, COMPILE, FUSED, FUSED_COMPILE)
+UNCOMPILED_VARIANTS = (EAGER, FUSED)
+MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+
+LINEAR_IN, LINEAR_OUT = 32, 64
+MLP_SIZES = (768, 3072, 3072, 768)
+GATED_DIM, GATED_HIDDEN, GATED_SEQ = 768, 3072, 128
+
+# Rows of input per experiment. The CPU numbers are shrunk so that the whole default study,
+# torch.compile warm-ups included, takes about two minutes on a 2-core machine; the fused
+# variants' speed sets most of that time, so re-check it when the CPU kernels change.
+DEFAULT_TOKENS = {
+    "cuda": {"linear": 1024, "mlp": 8192, "gated": 64 * GATED_SEQ},
+    "cpu": {"linear": 1024, "mlp": 256, "gated": 2 * GATED_SEQ},
+}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    eager: nn.Module
+    fused: nn.Module
+    inputs: torch.Tensor
+
+
+class GeGLU(nn.Module):
+    """The common gated MLP block, `down(gelu_tanh(gate(x)) * up(x))`, in plain PyTorch."""
+
+    def __init__(self, dim: int, hidden: int, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False, device=device, dtype=dtype)
+        self.up_proj = nn.Linear(dim, hidden, bias=False, device=device, dtype=dtype)
+        self.down_proj = nn.Linear(hidden, dim, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = F.gelu(self.gate_proj(x), approximate="tanh")
+        return self.down_proj(gate * self.up_proj(x))
+
+
+def activation_module(name: str) -> nn.Module:
+    modules: dict[str, Callable[[], nn.Module]] = {
+        "relu": nn.ReLU,
+        "gelu": nn.GELU,
+        "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+        "silu": nn.SiLU,
+    }
+    return modules[name]()
+
+
+def default_tokens(experiment: str, device: torch.device) -> int:
+    return DEFAULT_TOKENS["cuda" if device.type == "cuda" else "cpu"][experiment]
+
+
+def gated_batch_and_seq(tokens: int) -> tuple[int, int]:
+    """Split tokens into (batch, seq) with seq = 128 where it divides, else one sequence."""
+    if tokens % GATED_SEQ == 0:
+        return tokens // GATED_SEQ, GATED_SEQ
+    return 1, tokens
+
+
+def build_linear(tokens: int, device: torch.device, dtype: torch.dtype) -> Experiment:
+    eager = nn.Linear(LINEAR_IN, LINEAR_OUT, device=device, dtype=dtype)
+    return Experiment(
+        name="linear",
+        description=f"nn.Linear({LINEAR_IN}, {LINEAR_OUT}) with bias",
+        eager=eager,
+        fused=fusedmlp.FusedLinear.from_linear(eager),
+        inputs=torch.randn(tokens, LINEAR_IN, device=device, dtype=dtype),
+    )
+
+
+def build_mlp(tokens: int, device: torch.device, dtype: torch.dtype, activation: str) -> Experiment:
+    layers: list[nn.Module] = []
+    for index, (size_in, size_out) in enumerate(itertools.pairwise(MLP_SIZES)):
+        if index > 0:
+            layers.append(activation_module(activation))
+        layers.append(nn.Linear(size_in, size_out, device=device, dtype=dtype))
+    eager = nn.Sequential(*layers)
+    sizes = " -> ".join(str(size) for size in MLP_SIZES)
+    return Experiment(
+        name="mlp",
+        description=f"3 x nn.Linear with bias, {sizes}, {activation} between",
+        eager=eager,
+        fused=fusedmlp.FusedMLP.from_sequential(eager),
+        inputs=torch.randn(tokens, MLP_SIZES[0], device=device, dtype=dtype),
+    )
+
+
+def build_gated(tokens: int, device: torch.device, dtype: torch.dtype) -> Experiment:
+    eager = GeGLU(GATED_DIM, GATED_HIDDEN, device, dtype)
+    fused = fusedmlp.FusedGatedMLP(
+        GATED_DIM, GATED_HIDDEN, activation="gelu_tanh", bias=False, device=device, dtype=dtype
+    )
+    fused.load_state_dict(eager.state_dict())
+    batch, seq = gated_batch_and_seq(tokens)
+    return Experiment(
+        name="gated",
+        description=(
+            f"GeGLU down(gelu_tanh(gate(x)) * up(x)), no bias, "
+            f"dim {GATED_DIM}, hidden {GATED_HIDDEN}"
+        ),
+        eager=eager,
+        fused=fused,
+        inputs=torch.randn(batch, seq, GATED_DIM, device=device, dtype=dtype),
+    )
+
+
+def build_experiment(
+    name: str,
+    tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    mlp_activation: str,
+) -> Experiment:
+    torch.manual_seed(0)
+    if name == "linear":
+        return build_linear(tokens, device, dtype)
+    if name == "mlp":
+        return build_mlp(tokens, device, dtype, mlp_activation)
+    return build_gated(tokens, device, dtype)
+
+
+def compile_model(model: nn.Module, device: torch.device) -> Callable[..., torch.Tensor]:
+    # On CPU, Inductor's generated C++ kernels are invisible to the profiler unless asked to
+    # label themselves; on CUDA they show up as device kernels anyway.
+    options = {"cpp.enable_kernel_profile": True} if device.type == "cpu" else None
+    return torch.compile(model, fullgraph=True, options=options)
+
+
+def variant_model(
+    experiment: Experiment, variant: str, device: torch.device
+) -> Callable[..., torch.Tensor]:
+    models: dict[str, Callable[[], Callable[..., torch.Tensor]]] = {
+        EAGER: lambda: experiment.eager,
+        COMPILE: lambda: compile_model(experiment.eager, device),
+        FUSED: lambda: experiment.fused,
+        FUSED_COMPILE: lambda: compile_model(experiment.fused, device),
+    }
+    return models[variant]()

@@ -1,0 +1,214 @@
+"""Measuring one variant: warm-up, output check, torch.profiler counts, wall time."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+Model = Callable[..., torch.Tensor]
+
+FORWARD_LABEL = "fusedmlp.profile: forward"
+PROFILER_WAIT_STEPS, PROFILER_WARMUP_STEPS = 1, 1
+DEVICE_ACTIVITY_TYPES = ("kernel", "gpu_memcpy", "gpu_memset")
+INDUCTOR_CPU_KERNEL_MARK = "cpp_fused"
+
+# Relative tolerance per dtype, applied to every element and, as absolute tolerance, to the
+# output's largest magnitude: variants reduce over K in different orders, which moves each
+# output by about sqrt(K) * eps of the output's scale, not of the element itself. float32 is
+# looser than assert_close's 1.3e-6 for the same reason (K is up to 3072, three layers deep).
+RELATIVE_TOLERANCE = {
+    torch.float64: 1e-7,
+    torch.float32: 1e-4,
+    torch.float16: 1e-3,
+    torch.bfloat16: 1.6e-2,
+}
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    matches_eager: bool
+    max_abs_diff: float
+    rtol: float
+    atol: float
+
+
+@dataclass(frozen=True)
+class ProfileCounts:
+    """Per forward, over the profiler's active steps: mean counts, median CPU time."""
+
+    top_level_ops: dict[str, float]
+    all_ops: dict[str, float]
+    device_kernels: dict[str, float] | None
+    inductor_cpu_kernels: dict[str, float]
+    cpu_ms: float
+    device_ms: float | None
+
+
+@dataclass(frozen=True)
+class WallTime:
+    median_ms: float
+    min_ms: float
+    max_ms: float
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warm_up(model: Model, inputs: torch.Tensor, runs: int, device: torch.device) -> float:
+    """Runs the model `runs` times (compiling it if needed); returns the first call's seconds."""
+    synchronize(device)
+    start = time.perf_counter()
+    model(inputs)
+    synchronize(device)
+    first_call_s = time.perf_counter() - start
+    for _ in range(runs - 1):
+        model(inputs)
+    synchronize(device)
+    return first_call_s
+
+
+def check_output(actual: torch.Tensor, expected: torch.Tensor) -> OutputCheck:
+    rtol = RELATIVE_TOLERANCE[expected.dtype]
+    atol = rtol * expected.abs().max().item()
+    max_abs_diff = (actual.double() - expected.double()).abs().max().item()
+    try:
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    except AssertionError:
+        return OutputCheck(False, max_abs_diff, rtol, atol)
+    return OutputCheck(True, max_abs_diff, rtol, atol)
+
+
+def has_operator_ancestor(event: FunctionEvent) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if "::" in parent.name:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def is_device_work(event: FunctionEvent) -> bool:
+    if event.device_type != DeviceType.CUDA or event.is_user_annotation:
+        return False
+    return getattr(event, "activity_type", "kernel") in DEVICE_ACTIVITY_TYPES
+
+
+def per_forward(counts: Counter[str], steps: int) -> dict[str, float]:
+    return {name: count / steps for name, count in counts.most_common()}
+
+
+def count_events(
+    events: list[FunctionEvent],
+    steps: int,
+    device: torch.device,
+) -> ProfileCounts:
+    top_level_ops: Counter[str] = Counter()
+    all_ops: Counter[str] = Counter()
+    device_kernels: Counter[str] = Counter()
+    inductor_cpu_kernels: Counter[str] = Counter()
+    device_us = 0.0
+    forward_us: list[float] = []
+    for event in events:
+        if is_device_work(event):
+            device_kernels[event.name] += 1
+            device_us += event.time_range.elapsed_us()
+        elif event.device_type != DeviceType.CPU:
+            continue
+        elif event.name == FORWARD_LABEL:
+            forward_us.append(event.time_range.elapsed_us())
+        elif "::" in event.name:
+            all_ops[event.name] += 1
+            if not has_operator_ancestor(event):
+                top_level_ops[event.name] += 1
+        elif INDUCTOR_CPU_KERNEL_MARK in event.name:
+            inductor_cpu_kernels[event.name] += 1
+    on_cuda = device.type == "cuda"
+    return ProfileCounts(
+        top_level_ops=per_forward(top_level_ops, steps),
+        all_ops=per_forward(all_ops, steps),
+        device_kernels=per_forward(device_kernels, steps) if on_cuda else None,
+        inductor_cpu_kernels=per_forward(inductor_cpu_kernels, steps),
+        cpu_ms=statistics.median(forward_us) / 1e3,
+        device_ms=device_us / steps / 1e3 if on_cuda else None,
+    )
+
+
+def profile_forward(
+    model: Model,
+    inputs: torch.Tensor,
+    steps: int,
+    device: torch.device,
+    trace_path: Path,
+) -> ProfileCounts:
+    """Profiles `steps` forwards after the profiler's own wait/warm-up steps; writes the trace."""
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    total_steps = PROFILER_WAIT_STEPS + PROFILER_WARMUP_STEPS + steps
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=PROFILER_WAIT_STEPS, warmup=PROFILER_WARMUP_STEPS, active=steps),
+        record_shapes=True,
+    ) as profiler:
+        for step in range(total_steps):
+            with record_function(FORWARD_LABEL):
+                model(inputs)
+            if step == total_steps - 1:
+                # Let the last kernels finish inside the active window, outside the forward.
+                synchronize(device)
+            profiler.step()
+    profiler.export_chrome_trace(str(trace_path))
+    return count_events(list(profiler.events()), steps, device)
+
+
+def time_forward(model: Model, inputs: torch.Tensor, iters: int, device: torch.device) -> WallTime:
+    samples_ms = []
+    for _ in range(iters):
+        synchronize(device)
+        start = time.perf_counter()
+        model(inputs)
+        synchronize(device)
+        samples_ms.append((time.perf_counter() - start) * 1e3)
+    return WallTime(statistics.median(samples_ms), min(samples_ms), max(samples_ms))
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    variant: str
+    trace_file: str
+    first_call_s: float
+    check: OutputCheck
+    counts: ProfileCounts
+    wall: WallTime
+
+    @property
+    def ops_per_forward(self) -> float:
+        return sum(self.counts.top_level_ops.values())
+
+    @property
+    def kernels_per_forward(self) -> float | None:
+        kernels = self.counts.device_kernels
+        return None if kernels is None else sum(kernels.values())
+
+
+@dataclass(frozen=True)
+class ExperimentResult:
+    name: str
+    description: str
+    input_shape: tuple[int, ...]
+    variants: list[VariantResult]
+
+    @property
+    def eager(self) -> VariantResult:
+        return self.variants[0]

@@ -1,0 +1,653 @@
+/* Randomized fuzzing of the CPU kernel API (fusedmlp/cpu.h) against a naive
+ * double-precision reference, meant to run under -fsanitize=address,undefined.
+ *
+ *   fuzz_kernels SECONDS [SEED]
+ *
+ * Each iteration draws an operation (layer chain, gated block, activation
+ * backward, gated backward), a dtype (float, double), sizes biased towards the
+ * GEMM's tile and block edges (MR, NR, MC, KC, NC), operand layouts (row-major
+ * with padding, column-major, sliced, broadcast rows with stride 0), bias and
+ * saved-activation buffers on or off, and a threading mode (none, serial,
+ * shuffled chunks, real pthreads). Every buffer is allocated to its exact
+ * extent so the sanitizer sees any overread, and padding in the output rows
+ * holds a canary that must survive. It also feeds invalid arguments (NULL
+ * pointers, negative and overflowing sizes, unknown enums) and checks that
+ * they are rejected with a status, not a crash. Prints one summary line and
+ * exits non-zero on any mismatch. Built and run by tests/test_fuzz_c.py. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fusedmlp/cpu.h"
+
+/* ---- random numbers (splitmix64: reproducible from the seed) ---- */
+
+static uint64_t rng_state;
+
+static uint64_t next_u64(void) {
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* uniform in [0, n) */
+static int64_t below(int64_t n) { return n <= 0 ? 0 : (int64_t)(next_u64() % (uint64_t)n); }
+
+/* uniform in [-1, 1) */
+static double uniform(void) { return (double)(next_u64() >> 11) / (double)(1ull << 52) - 1.0; }
+
+/* A size: mostly small, often just around a tile/block edge of the GEMM. */
+static int64_t draw_size(int64_t max_large) {
+  static const int64_t edges[] = {4, 8, 16, 64, 256, 1024};
+  switch (below(6)) {
+    case 0: return below(3); /* 0, 1, 2 */
+    case 1:
+    case 2: return 1 + below(24);
+    case 3: {
+      const int64_t edge = edges[below(6)];
+      const int64_t size = edge - 1 + below(3);
+      return size <= max_large ? size : 1 + below(max_large);
+    }
+    case 4: return 1 + below(80);
+    default: return 1 + below(max_large);
+  }
+}
+
+/* ---- strided operands ---- */
+
+typedef struct {
+  fmlp_dtype dtype;
+  int64_t rows, cols;
+  int64_t row_stride, col_stride;
+  void *data; /* exactly as many elements as the strides reach */
+} operand;
+
+static size_t elem_size(fmlp_dtype dtype) {
+  return dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+}
+
+static double get(const void *data, fmlp_dtype dtype, int64_t i) {
+  return dtype == FMLP_F64 ? ((const double *)data)[i] : (double)((const float *)data)[i];
+}
+
+static void set(void *data, fmlp_dtype dtype, int64_t i, double v) {
+  if (dtype == FMLP_F64) ((double *)data)[i] = v;
+  else ((float *)data)[i] = (float)v;
+}
+
+/* An exact-size allocation (at least one byte so malloc never returns NULL legitimately). */
+static void *alloc_elems(fmlp_dtype dtype, int64_t count) {
+  void *p = malloc((size_t)(count > 0 ? count : 1) * elem_size(dtype));
+  if (p == NULL) {
+    fprintf(stderr, "fuzz: out of memory\n");
+    exit(2);
+  }
+  return p;
+}
+
+/* A random rows x cols operand with values scale * U(-1, 1), sometimes a NaN or Inf. */
+static operand make_operand(fmlp_dtype dtype, int64_t rows, int64_t cols, double scale,
+                            int allow_special) {
+  operand m = {dtype, rows, cols, 0, 0, NULL};
+  const int64_t pad = below(3);
+  switch (below(5)) {
+    case 0: m.row_stride = cols + pad; m.col_stride = 1; break;           /* row-major */
+    case 1: m.row_stride = 1; m.col_stride = rows + pad; break;           /* transposed */
+    case 2: m.row_stride = 2 * cols + pad; m.col_stride = 2; break;       /* sliced */
+    case 3: m.row_stride = 0; m.col_stride = 1; break;                    /* broadcast rows */
+    default: m.row_stride = cols; m.col_stride = 1; break;                /* contiguous */
+  }
+  int64_t extent = 0;
+  if (rows > 0 && cols > 0) extent = (rows - 1) * m.row_stride + (cols - 1) * m.col_stride + 1;
+  m.data = alloc_elems(dtype, extent);
+  for (int64_t i = 0; i < extent; ++i) set(m.data, dtype, i, scale * uniform());
+  if (allow_special && extent > 0 && below(8) == 0) {
+    const double specials[] = {NAN, INFINITY, -INFINITY, 0.0};
+    set(m.data, dtype, below(extent), specials[below(4)]);
+  }
+  return m;
+}
+
+static double at(const operand *m, int64_t r, int64_t c) {
+  return get(m->data, m->dtype, r * m->row_stride + c * m->col_stride);
+}
+
+static fmlp_input input_of(const operand *m) { return (fmlp_input){m->data, m->row_stride, m->col_stride}; }
+
+/* ---- the reference ---- */
+
+static double activate(double z, fmlp_activation activation) {
+  switch (activation) {
+    case FMLP_ACT_RELU: return z < 0 ? 0 : z; /* keeps NaN, like torch.relu */
+    case FMLP_ACT_GELU: return 0.5 * z * (1 + erf(z / sqrt(2.0)));
+    case FMLP_ACT_GELU_TANH:
+      return 0.5 * z * (1 + tanh(0.79788456080286535588 * (z + 0.044715 * z * z * z)));
+    case FMLP_ACT_SILU: return z / (1 + exp(-z));
+    default: return z;
+  }
+}
+
+static double activation_grad(double z, fmlp_activation activation) {
+  switch (activation) {
+    case FMLP_ACT_RELU: return z > 0 ? 1 : 0;
+    case FMLP_ACT_GELU:
+      return 0.5 * (1 + erf(z / sqrt(2.0))) + z * exp(-0.5 * z * z) * 0.39894228040143267794;
+    case FMLP_ACT_GELU_TANH: {
+      const double k = 0.79788456080286535588, t = tanh(k * (z + 0.044715 * z * z * z));
+      return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * k * (1 + 3 * 0.044715 * z * z);
+    }
+    case FMLP_ACT_SILU: {
+      const double s = 1 / (1 + exp(-z));
+      return s * (1 + z * (1 - s));
+    }
+    default: return 1;
+  }
+}
+
+/* ---- comparisons ---- */
+
+typedef struct {
+  int64_t checks, failures;
+  const char *what; /* the current case, for messages */
+} tally;
+
+/* actual ~ expected within rtol/atol, where NaN matches NaN and Inf matches an Inf of the same sign. */
+static void expect_close(tally *t, double actual, double expected, double rtol, double atol,
+                         const char *name, int64_t index) {
+  ++t->checks;
+  int ok;
+  if (isnan(expected) || isnan(actual)) ok = isnan(expected) && isnan(actual);
+  else if (isinf(expected) || isinf(actual)) ok = actual == expected;
+  else ok = fabs(actual - expected) <= atol + rtol * fabs(expected);
+  if (!ok) {
+    if (t->failures < 20) {
+      fprintf(stderr, "MISMATCH %s: %s[%lld] = %.9g, expected %.9g\n", t->what, name,
+              (long long)index, actual, expected);
+    }
+    ++t->failures;
+  }
+}
+
+static void expect_status(tally *t, fmlp_status actual, fmlp_status expected, const char *what) {
+  ++t->checks;
+  if (actual != expected) {
+    fprintf(stderr, "STATUS %s: got %d (%s), expected %d\n", what, (int)actual,
+            fmlp_status_string(actual), (int)expected);
+    ++t->failures;
+  }
+}
+
+/* ---- threading modes ---- */
+
+/* Runs the task range in chunks of random size, in reverse order: blocks must be independent. */
+static void shuffled_parallel_for(void *pool, int64_t n_tasks, void *context, fmlp_task_fn fn) {
+  (void)pool;
+  int64_t end = n_tasks;
+  while (end > 0) {
+    const int64_t begin = end - 1 - below(end < 3 ? end : 3);
+    fn(context, begin, end);
+    end = begin;
+  }
+}
+
+typedef struct {
+  void *context;
+  fmlp_task_fn fn;
+  int64_t begin, end;
+} thread_job;
+
+static void *run_thread_job(void *arg) {
+  thread_job *job = arg;
+  job->fn(job->context, job->begin, job->end);
+  return NULL;
+}
+
+/* Real concurrency: two or three threads, each a contiguous share of the tasks. */
+static void pthread_parallel_for(void *pool, int64_t n_tasks, void *context, fmlp_task_fn fn) {
+  const int64_t n_threads = *(const int64_t *)pool;
+  pthread_t threads[4];
+  thread_job jobs[4];
+  for (int64_t i = 0; i < n_threads; ++i) {
+    jobs[i] = (thread_job){context, fn, n_tasks * i / n_threads, n_tasks * (i + 1) / n_threads};
+    if (pthread_create(&threads[i], NULL, run_thread_job, &jobs[i]) != 0) {
+      fprintf(stderr, "fuzz: pthread_create failed\n");
+      exit(2);
+    }
+  }
+  for (int64_t i = 0; i < n_threads; ++i) pthread_join(threads[i], NULL);
+}
+
+static int64_t pthread_count;
+
+/* NULL (serial), or one of the threading modes. */
+static const fmlp_threading *draw_threading(fmlp_threading *storage) {
+  switch (below(4)) {
+    case 0: return NULL;
+    case 1: *storage = (fmlp_threading){NULL, NULL, 1}; return storage;
+    case 2: *storage = (fmlp_threading){shuffled_parallel_for, NULL, 2 + below(7)}; return storage;
+    default:
+      pthread_count = 2 + below(2);
+      *storage = (fmlp_threading){pthread_parallel_for, &pthread_count, pthread_count};
+      return storage;
+  }
+}
+
+/* An output buffer of rows x cols with row stride >= cols; padding holds a canary. */
+typedef struct {
+  void *data;
+  int64_t rows, cols, row_stride, count;
+} output;
+
+static const double CANARY = 12345.5;
+
+static output make_output(fmlp_dtype dtype, int64_t rows, int64_t cols) {
+  output o = {NULL, rows, cols, cols + below(3), 0};
+  o.count = rows > 0 ? (rows - 1) * o.row_stride + cols : 0;
+  o.data = alloc_elems(dtype, o.count);
+  for (int64_t i = 0; i < o.count; ++i) set(o.data, dtype, i, CANARY);
+  return o;
+}
+
+static void expect_canaries(tally *t, const output *o, fmlp_dtype dtype) {
+  for (int64_t r = 0; r < o->rows; ++r) {
+    for (int64_t c = o->cols; c < o->row_stride && r * o->row_stride + c < o->count; ++c) {
+      expect_close(t, get(o->data, dtype, r * o->row_stride + c), CANARY, 0, 0, "y padding",
+                   r * o->row_stride + c);
+    }
+  }
+}
+
+static double rtol_of(fmlp_dtype dtype) { return dtype == FMLP_F64 ? 1e-10 : 2e-4; }
+static double atol_of(fmlp_dtype dtype) { return dtype == FMLP_F64 ? 1e-10 : 2e-4; }
+
+/* ---- one random case per operation ---- */
+
+#define MAX_LAYERS 4
+
+static void fuzz_chain(tally *t, fmlp_dtype dtype) {
+  const int64_t n_layers = 1 + below(MAX_LAYERS);
+  int64_t widths[MAX_LAYERS + 1];
+  for (int64_t l = 0; l <= n_layers; ++l) widths[l] = draw_size(n_layers > 2 ? 96 : 300);
+  const int64_t rows = draw_size(200);
+  const fmlp_activation hidden = (fmlp_activation)below(FMLP_ACT_COUNT);
+  const fmlp_activation final_activation = (fmlp_activation)below(FMLP_ACT_COUNT);
+  const int special = below(10) == 0;
+
+  operand x = make_operand(dtype, rows, widths[0], 1.0, special);
+  operand w[MAX_LAYERS];
+  fmlp_input w_inputs[MAX_LAYERS];
+  void *b[MAX_LAYERS];
+  const void *b_const[MAX_LAYERS];
+  void *pre[MAX_LAYERS], *hid[MAX_LAYERS];
+  const int with_bias = below(2), save_pre = below(2), save_hidden = below(2);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const double scale = 1.0 / sqrt((double)(widths[l] > 0 ? widths[l] : 1));
+    w[l] = make_operand(dtype, widths[l + 1], widths[l], scale, special);
+    w_inputs[l] = input_of(&w[l]);
+    b[l] = NULL;
+    if (with_bias && below(4) != 0) {
+      b[l] = alloc_elems(dtype, widths[l + 1]);
+      for (int64_t j = 0; j < widths[l + 1]; ++j) set(b[l], dtype, j, uniform());
+    }
+    b_const[l] = b[l];
+    pre[l] = save_pre && below(4) != 0 ? alloc_elems(dtype, rows * widths[l + 1]) : NULL;
+    hid[l] = save_hidden && l + 1 < n_layers && below(4) != 0
+                 ? alloc_elems(dtype, rows * widths[l + 1])
+                 : NULL;
+  }
+  output y = make_output(dtype, rows, widths[n_layers]);
+  const fmlp_cpu_chain_args args = {
+      .dtype = dtype,
+      .rows = rows,
+      .n_layers = n_layers,
+      .widths = widths,
+      .x = input_of(&x),
+      .weights = w_inputs,
+      .biases = with_bias ? b_const : NULL,
+      .hidden_activation = hidden,
+      .final_activation = final_activation,
+      .y = y.data,
+      .y_row_stride = y.row_stride,
+      .saved_pre = save_pre ? pre : NULL,
+      .saved_hidden = save_hidden ? hid : NULL,
+  };
+  fmlp_threading storage;
+  char what[256];
+  snprintf(what, sizeof what,
+           "chain dtype=%d rows=%lld layers=%lld widths=%lld,%lld.. act=%d/%d bias=%d", dtype,
+           (long long)rows, (long long)n_layers, (long long)widths[0], (long long)widths[1],
+           hidden, final_activation, with_bias);
+  t->what = what;
+  expect_status(t, fmlp_cpu_chain(&args, draw_threading(&storage)), FMLP_OK, what);
+
+  /* reference, row by row, in double */
+  double *h = malloc(sizeof(double) * 1024), *next = malloc(sizeof(double) * 1024);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < widths[0]; ++c) h[c] = at(&x, r, c);
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const int last = l + 1 == n_layers;
+      const fmlp_activation act = last ? final_activation : hidden;
+      for (int64_t j = 0; j < widths[l + 1]; ++j) {
+        double z = with_bias && b[l] != NULL ? get(b[l], dtype, j) : 0.0;
+        for (int64_t k = 0; k < widths[l]; ++k) z += h[k] * at(&w[l], j, k);
+        /* the kernel rounds pre-activations and hidden outputs to its dtype */
+        z = dtype == FMLP_F32 ? (double)(float)z : z;
+        if (save_pre && pre[l] != NULL) {
+          expect_close(t, get(pre[l], dtype, r * widths[l + 1] + j), z, rtol_of(dtype),
+                       atol_of(dtype), "saved_pre", l);
+        }
+        next[j] = activate(z, act);
+        next[j] = dtype == FMLP_F32 ? (double)(float)next[j] : next[j];
+        if (last) {
+          expect_close(t, get(y.data, dtype, r * y.row_stride + j), next[j], rtol_of(dtype),
+                       atol_of(dtype), "y", r * y.row_stride + j);
+        } else if (save_hidden && hid[l] != NULL) {
+          expect_close(t, get(hid[l], dtype, r * widths[l + 1] + j), next[j], rtol_of(dtype),
+                       atol_of(dtype), "saved_hidden", l);
+        }
+      }
+      double *swap = h;
+      h = next;
+      next = swap;
+    }
+  }
+  expect_canaries(t, &y, dtype);
+  free(h);
+  free(next);
+  free(x.data);
+  free(y.data);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    free(w[l].data);
+    free(b[l]);
+    free(pre[l]);
+    free(hid[l]);
+  }
+}
+
+static void fuzz_gated(tally *t, fmlp_dtype dtype) {
+  const int64_t rows = draw_size(160), dim = draw_size(300), hidden = draw_size(300),
+                out_dim = draw_size(160);
+  const fmlp_activation activation = (fmlp_activation)below(FMLP_ACT_COUNT);
+  const int special = below(10) == 0, save = below(2);
+  operand x = make_operand(dtype, rows, dim, 1.0, special);
+  const double in_scale = 1.0 / sqrt((double)(dim > 0 ? dim : 1));
+  operand wg = make_operand(dtype, hidden, dim, in_scale, special);
+  operand wu = make_operand(dtype, hidden, dim, in_scale, special);
+  operand wd = make_operand(dtype, out_dim, hidden, 1.0 / sqrt((double)(hidden > 0 ? hidden : 1)),
+                            special);
+  void *bias[3] = {NULL, NULL, NULL};
+  const int64_t bias_len[3] = {hidden, hidden, out_dim};
+  for (int i = 0; i < 3; ++i) {
+    if (below(2)) {
+      bias[i] = alloc_elems(dtype, bias_len[i]);
+      for (int64_t j = 0; j < bias_len[i]; ++j) set(bias[i], dtype, j, uniform());
+    }
+  }
+  void *saved[3] = {NULL, NULL, NULL};
+  for (int i = 0; i < 3 && save; ++i) saved[i] = below(4) ? alloc_elems(dtype, rows * hidden) : NULL;
+  output y = make_output(dtype, rows, out_dim);
+  const fmlp_cpu_gated_args args = {
+      .dtype = dtype,
+      .rows = rows,
+      .dim = dim,
+      .hidden = hidden,
+      .out_dim = out_dim,
+      .x = input_of(&x),
+      .w_gate = input_of(&wg),
+      .w_up = input_of(&wu),
+      .w_down = input_of(&wd),
+      .bias_gate = bias[0],
+      .bias_up = bias[1],
+      .bias_down = bias[2],
+      .activation = activation,
+      .y = y.data,
+      .y_row_stride = y.row_stride,
+      .saved_gate = saved[0],
+      .saved_up = saved[1],
+      .saved_product = saved[2],
+  };
+  fmlp_threading storage;
+  char what[256];
+  snprintf(what, sizeof what, "gated dtype=%d rows=%lld dim=%lld hidden=%lld out=%lld act=%d",
+           dtype, (long long)rows, (long long)dim, (long long)hidden, (long long)out_dim,
+           activation);
+  t->what = what;
+  expect_status(t, fmlp_cpu_gated(&args, draw_threading(&storage)), FMLP_OK, what);
+
+  double *product = malloc(sizeof(double) * (size_t)(hidden > 0 ? hidden : 1));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < hidden; ++j) {
+      double g = bias[0] != NULL ? get(bias[0], dtype, j) : 0.0;
+      double u = bias[1] != NULL ? get(bias[1], dtype, j) : 0.0;
+      for (int64_t k = 0; k < dim; ++k) {
+        g += at(&x, r, k) * at(&wg, j, k);
+        u += at(&x, r, k) * at(&wu, j, k);
+      }
+      if (dtype == FMLP_F32) {
+        g = (double)(float)g;
+        u = (double)(float)u;
+      }
+      product[j] = activate(g, activation) * u;
+      if (dtype == FMLP_F32) product[j] = (double)(float)product[j];
+      const double tol = rtol_of(dtype), atol = atol_of(dtype);
+      if (saved[0] != NULL) expect_close(t, get(saved[0], dtype, r * hidden + j), g, tol, atol, "saved_gate", j);
+      if (saved[1] != NULL) expect_close(t, get(saved[1], dtype, r * hidden + j), u, tol, atol, "saved_up", j);
+      if (saved[2] != NULL) {
+        expect_close(t, get(saved[2], dtype, r * hidden + j), product[j], tol, atol,
+                     "saved_product", j);
+      }
+    }
+    for (int64_t o = 0; o < out_dim; ++o) {
+      double z = bias[2] != NULL ? get(bias[2], dtype, o) : 0.0;
+      for (int64_t j = 0; j < hidden; ++j) z += product[j] * at(&wd, o, j);
+      expect_close(t, get(y.data, dtype, r * y.row_stride + o), z, rtol_of(dtype),
+                   atol_of(dtype), "y", r * y.row_stride + o);
+    }
+  }
+  expect_canaries(t, &y, dtype);
+  free(product);
+  free(x.data);
+  free(wg.data);
+  free(wu.data);
+  free(wd.data);
+  free(y.data);
+  for (int i = 0; i < 3; ++i) {
+    free(bias[i]);
+    free(saved[i]);
+  }
+}
+
+/* n values: mostly U(-4, 4), some exact zeros and large magnitudes. */
+static void *random_vector(fmlp_dtype dtype, int64_t n) {
+  void *v = alloc_elems(dtype, n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t kind = below(16);
+    set(v, dtype, i, kind == 0 ? 0.0 : kind == 1 ? 30.0 * uniform() : 4.0 * uniform());
+  }
+  return v;
+}
+
+static void fuzz_backward(tally *t, fmlp_dtype dtype, int gated) {
+  /* the pointwise passes work in chunks of 2^14: cross a chunk edge sometimes */
+  const int64_t n = below(4) == 0 ? (1 << 14) - 2 + below(40000) : draw_size(3000);
+  const fmlp_activation activation = (fmlp_activation)below(FMLP_ACT_COUNT);
+  void *grad = random_vector(dtype, n), *pre = random_vector(dtype, n);
+  void *up = gated ? random_vector(dtype, n) : NULL;
+  void *out = alloc_elems(dtype, n), *out_up = gated ? alloc_elems(dtype, n) : NULL;
+  fmlp_threading storage;
+  char what[128];
+  snprintf(what, sizeof what, "%s dtype=%d n=%lld act=%d",
+           gated ? "gated_backward" : "activation_backward", dtype, (long long)n, activation);
+  t->what = what;
+  const fmlp_threading *threading = draw_threading(&storage);
+  const fmlp_status status =
+      gated ? fmlp_cpu_gated_backward(dtype, n, grad, pre, up, activation, out, out_up, threading)
+            : fmlp_cpu_activation_backward(dtype, n, grad, pre, activation, out, threading);
+  expect_status(t, status, FMLP_OK, what);
+  const double rtol = dtype == FMLP_F64 ? 1e-10 : 1e-5, atol = dtype == FMLP_F64 ? 1e-12 : 1e-6;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = get(grad, dtype, i), z = get(pre, dtype, i);
+    if (gated) {
+      const double u = get(up, dtype, i);
+      expect_close(t, get(out, dtype, i), g * u * activation_grad(z, activation), rtol,
+                   atol * (1 + fabs(g * u)), "grad_gate", i);
+      expect_close(t, get(out_up, dtype, i), g * activate(z, activation), rtol,
+                   atol * (1 + fabs(g * z)), "grad_up", i);
+    } else {
+      expect_close(t, get(out, dtype, i), g * activation_grad(z, activation), rtol,
+                   atol * (1 + fabs(g)), "grad_pre", i);
+    }
+  }
+  free(grad);
+  free(pre);
+  free(up);
+  free(out);
+  free(out_up);
+}
+
+/* ---- invalid arguments: a status, never a crash ---- */
+
+static void fuzz_invalid(tally *t) {
+  float x_data[4] = {0}, w_data[4] = {0}, y_data[4] = {0};
+  int64_t widths[2] = {2, 2};
+  fmlp_input w = {w_data, 2, 1};
+  fmlp_cpu_chain_args ok = {
+      .dtype = FMLP_F32,
+      .rows = 2,
+      .n_layers = 1,
+      .widths = widths,
+      .x = {x_data, 2, 1},
+      .weights = &w,
+      .y = y_data,
+      .y_row_stride = 2,
+  };
+  t->what = "invalid arguments";
+  expect_status(t, fmlp_cpu_chain(&ok, NULL), FMLP_OK, "valid chain");
+  expect_status(t, fmlp_cpu_chain(NULL, NULL), FMLP_ERR_INVALID_ARGUMENT, "NULL args");
+  fmlp_cpu_chain_args bad = ok;
+  bad.dtype = FMLP_BF16;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "bf16 dtype on CPU");
+  bad = ok;
+  bad.n_layers = 0;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "zero layers");
+  bad = ok;
+  bad.rows = -1;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "negative rows");
+  bad = ok;
+  bad.hidden_activation = FMLP_ACT_COUNT;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "unknown activation");
+  bad = ok;
+  bad.final_activation = (fmlp_activation)-1;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "negative activation");
+  bad = ok;
+  bad.x.data = NULL;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "NULL x");
+  bad = ok;
+  bad.y = NULL;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "NULL y");
+  bad = ok;
+  bad.widths = NULL;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "NULL widths");
+  bad = ok;
+  bad.weights = NULL;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "NULL weights");
+  int64_t huge[2] = {INT64_MAX / 2, 4};
+  bad = ok;
+  bad.rows = 4;
+  bad.widths = huge;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_SIZE_OVERFLOW, "rows x width overflow");
+  int64_t negative[2] = {2, -3};
+  bad = ok;
+  bad.widths = negative;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "negative width");
+
+  fmlp_cpu_gated_args gated = {
+      .dtype = FMLP_F64,
+      .rows = INT64_MAX / 4,
+      .dim = 1,
+      .hidden = 2,
+      .out_dim = 1,
+      .x = {x_data, 0, 1},
+      .w_gate = {w_data, 1, 1},
+      .w_up = {w_data, 1, 1},
+      .w_down = {w_data, 2, 1},
+      .y = y_data,
+      .y_row_stride = 1,
+  };
+  expect_status(t, fmlp_cpu_gated(&gated, NULL), FMLP_ERR_SIZE_OVERFLOW,
+                "gated scratch rows x 3 hidden overflow");
+  gated.rows = 1;
+  gated.activation = FMLP_ACT_COUNT;
+  expect_status(t, fmlp_cpu_gated(&gated, NULL), FMLP_ERR_INVALID_ARGUMENT,
+                "gated unknown activation");
+  gated.activation = FMLP_ACT_RELU;
+  gated.w_down.data = NULL;
+  expect_status(t, fmlp_cpu_gated(&gated, NULL), FMLP_ERR_INVALID_ARGUMENT, "gated NULL w_down");
+  expect_status(t, fmlp_cpu_gated(NULL, NULL), FMLP_ERR_INVALID_ARGUMENT, "gated NULL args");
+
+  expect_status(t, fmlp_cpu_activation_backward(FMLP_F32, -1, x_data, x_data, FMLP_ACT_RELU,
+                                                y_data, NULL),
+                FMLP_ERR_INVALID_ARGUMENT, "activation_backward negative n");
+  expect_status(t, fmlp_cpu_activation_backward(FMLP_F32, 4, NULL, x_data, FMLP_ACT_RELU, y_data,
+                                                NULL),
+                FMLP_ERR_INVALID_ARGUMENT, "activation_backward NULL grad");
+  expect_status(t, fmlp_cpu_activation_backward(FMLP_F16, 4, x_data, x_data, FMLP_ACT_RELU,
+                                                y_data, NULL),
+                FMLP_ERR_INVALID_ARGUMENT, "activation_backward f16 on CPU");
+  expect_status(t, fmlp_cpu_activation_backward(FMLP_F32, 0, NULL, NULL, FMLP_ACT_GELU, NULL,
+                                                NULL),
+                FMLP_OK, "activation_backward n = 0 with NULLs");
+  expect_status(t, fmlp_cpu_gated_backward(FMLP_F64, 2, x_data, x_data, NULL, FMLP_ACT_SILU,
+                                           y_data, y_data, NULL),
+                FMLP_ERR_INVALID_ARGUMENT, "gated_backward NULL up");
+  expect_status(t, fmlp_cpu_gated_backward(FMLP_F64, 2, x_data, x_data, x_data,
+                                           (fmlp_activation)99, y_data, y_data, NULL),
+                FMLP_ERR_INVALID_ARGUMENT, "gated_backward unknown activation");
+}
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s SECONDS [SEED]\n", argv[0]);
+    return 2;
+  }
+  const double seconds = atof(argv[1]);
+  const uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 10) : (uint64_t)time(NULL);
+  rng_state = seed;
+  tally t = {0, 0, ""};
+  fuzz_invalid(&t);
+  const double start = now_seconds();
+  int64_t iterations = 0, per_op[4] = {0, 0, 0, 0};
+  while (now_seconds() - start < seconds && t.failures == 0) {
+    const fmlp_dtype dtype = below(2) ? FMLP_F32 : FMLP_F64;
+    const int64_t op = below(8);
+    if (op < 4) {
+      fuzz_chain(&t, dtype);
+      ++per_op[0];
+    } else if (op < 6) {
+      fuzz_gated(&t, dtype);
+      ++per_op[1];
+    } else {
+      fuzz_backward(&t, dtype, op == 7);
+      ++per_op[op == 7 ? 3 : 2];
+    }
+    ++iterations;
+  }
+  printf("seed %llu: %lld iterations (chain %lld, gated %lld, activation_backward %lld, "
+         "gated_backward %lld), %lld checks, %lld failed in %.1f s\n",
+         (unsigned long long)seed, (long long)iterations, (long long)per_op[0],
+         (long long)per_op[1], (long long)per_op[2], (long long)per_op[3], (long long)t.checks,
+         (long long)t.failures, now_seconds() - start);
+  return t.failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,160 @@
+"""The profiling study, `python -m fusedmlp.profile`, run small on CPU through main()."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from fusedmlp.profile import main
+from fusedmlp.profile_measure import check_output
+from fusedmlp.profile_reading import kernels_phrase, ops_phrase, time_phrase
+
+SMALL_RUN = ["--device", "cpu", "--tokens", "8", "--iters", "2", "--warmup", "1"]
+SMALL_RUN += ["--profile-steps", "2"]
+EXPERIMENTS = ("linear", "mlp", "gated")
+
+
+def trace_event_names(path: Path) -> set[str]:
+    trace = json.loads(path.read_text())
+    return {event.get("name", "") for event in trace["traceEvents"]}
+
+
+@pytest.fixture(scope="module")
+def uncompiled_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("profile")
+    assert main([*SMALL_RUN, "--no-compile", "--out", str(out)]) == 0
+    return out
+
+
+def test_writes_summary_chart_and_a_trace_per_variant(uncompiled_study: Path) -> None:
+    expected = {"summary.json", "summary.md", "summary.png"}
+    expected |= {f"{name}-{variant}.json" for name in EXPERIMENTS for variant in ("eager", "fused")}
+    assert expected <= {path.name for path in uncompiled_study.iterdir()}
+
+
+@pytest.mark.parametrize(
+    ("trace", "op"),
+    [
+        ("linear-eager.json", "aten::addmm"),
+        ("linear-fused.json", "fusedmlp::linear"),
+        ("mlp-fused.json", "fusedmlp::mlp"),
+        ("gated-fused.json", "fusedmlp::gated_mlp"),
+    ],
+)
+def test_traces_show_the_dispatched_op(uncompiled_study: Path, trace: str, op: str) -> None:
+    assert op in trace_event_names(uncompiled_study / trace)
+
+
+def test_summary_json_has_every_variant_matching_eager(uncompiled_study: Path) -> None:
+    summary = json.loads((uncompiled_study / "summary.json").read_text())
+    assert summary["environment"]["torch"] == torch.__version__
+    assert list(summary["experiments"]) == list(EXPERIMENTS)
+    for experiment in summary["experiments"].values():
+        assert experiment["tokens"] == 8
+        variants = experiment["variants"]
+        assert list(variants) == ["eager", "fused"]
+        assert all(variant["matches_eager"] for variant in variants.values())
+        assert variants["fused"]["ops_per_forward"] == 1
+        assert variants["eager"]["gpu_ms_per_forward"] is None
+
+
+def test_summary_md_reads_each_step(uncompiled_study: Path) -> None:
+    summary = (uncompiled_study / "summary.md").read_text()
+    assert "| eager " in summary and "| fused " in summary
+    assert "fused replaced 3 aten::linear and 2 aten::gelu with 1 fusedmlp::mlp" in summary
+
+
+def test_compiled_variants_of_linear(tmp_path: Path) -> None:
+    assert main([*SMALL_RUN, "--experiments", "linear", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    variants = summary["experiments"]["linear"]["variants"]
+    assert list(variants) == ["eager", "compile", "fused", "fused+compile"]
+    assert all(variant["matches_eager"] for variant in variants.values())
+    assert "aten::addmm" in trace_event_names(tmp_path / "linear-compile.json")
+    assert "fusedmlp::linear" in trace_event_names(tmp_path / "linear-fused-compile.json")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_study_reports_kernels_and_gpu_time(tmp_path: Path) -> None:
+    argv = ["--device", "cuda", "--tokens", "8", "--iters", "2", "--warmup", "1"]
+    argv += ["--profile-steps", "2", "--no-compile", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["settings"]["dtype"] == "bfloat16"
+    for experiment in summary["experiments"].values():
+        for variant in experiment["variants"].values():
+            assert variant["matches_eager"]
+            assert variant["kernels_per_forward"] > 0
+            assert variant["gpu_ms_per_forward"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "named_in_error"),
+    [
+        (["--experiments", "linear,bogus"], "bogus"),
+        (["--dtype", "float8"], "float8"),
+        (["--tokens", "0"], "--tokens"),
+        (["--device", "tpu"], "tpu"),
+    ],
+)
+def test_bad_option_exits_with_a_message(
+    argv: list[str], named_in_error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code != 0
+    assert named_in_error in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_gpu_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--device", "cuda"])
+    assert exit_info.value.code != 0
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_reading_names_replaced_and_kept_ops() -> None:
+    eager = Counter({"aten::linear": 3, "aten::gelu": 2})
+    compiled = Counter({"aten::addmm": 3})
+    assert ops_phrase("compile", eager, compiled) == (
+        "compile replaced 3 aten::linear and 2 aten::gelu with 3 aten::addmm"
+        " (ops per forward 5 → 3)"
+    )
+    assert (
+        ops_phrase("fused", compiled, compiled) == "fused dispatches the same ops (3 aten::addmm)"
+    )
+
+
+def test_reading_groups_cuda_kernels_by_kind() -> None:
+    gemm = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT"
+    eager = {
+        gemm: 3.0,
+        "void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>": 1.0,
+        "void at::native::vectorized_elementwise_kernel<4, MulFunctor>": 1.0,
+    }
+    compiled = {gemm: 3.0, "triton_poi_fused_gelu_mul_0": 1.0}
+    assert kernels_phrase(eager, compiled) == (
+        "2 pointwise kernels became 1 generated Triton kernel, the 3 GEMMs stayed"
+        " (kernels per forward 5 → 4)"
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_output_check_allows_rounding_but_not_a_missing_bias(dtype: torch.dtype) -> None:
+    exact = torch.randn(64, 256, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    expected = exact.to(dtype)
+    rounded_differently = (exact * (1 + 1e-6)).to(dtype)
+    without_bias = (exact - 0.5).to(dtype)
+    assert check_output(rounded_differently, expected).matches_eager
+    assert not check_output(without_bias, expected).matches_eager
+
+
+def test_reading_words_time_changes() -> None:
+    assert time_phrase("wall", 10.0, 10.2) == "wall stayed about the same (10.0 → 10.2 ms)"
+    assert time_phrase("wall", 10.0, 7.7) == "wall fell 23% (10.0 → 7.70 ms)"
+    assert time_phrase("wall", 0.5, 2.0) == "wall rose 4.0x (0.500 → 2.00 ms)"
+    assert time_phrase("wall", 384.4, 7408.0) == "wall rose 19.3x (384 → 7408 ms)"
