@@ -59,7 +59,7 @@ def run(command: list[str]) -> None:
     assert result.returncode == 0, " ".join(command) + "\n" + result.stdout + result.stderr
 
 
-def build_c_test(source: Path, output: Path) -> None:
+def build_c_test(source: Path, output: Path, link_flags: tuple[str, ...] = ()) -> None:
     """Each ISA translation unit becomes an object with its own flags; the rest (the API,
     the portable kernels) is built with none, as in setup.py."""
     flags = isa_compile_flags()
@@ -72,7 +72,7 @@ def build_c_test(source: Path, output: Path) -> None:
     portable = sorted(
         str(p) for p in (ROOT / "csrc" / "cpu").glob("*.c") if p not in isa_sources
     )
-    run(["gcc", *COMMON, str(source), *portable, *objects, "-lm", "-o", str(output)])
+    run(["gcc", *COMMON, str(source), *portable, *objects, "-lm", *link_flags, "-o", str(output)])
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +82,17 @@ def c_test_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return binary
 
 
-@pytest.mark.parametrize("isa", list(CPU_FLAGS_NEEDED))
-def test_c_kernels_under_sanitizers(c_test_binary: Path, isa: str) -> None:
+def isa_environment(isa: str) -> dict[str, str]:
+    """The environment that runs the kernels for `isa`; skips when the CPU lacks it."""
     missing = CPU_FLAGS_NEEDED[isa] - cpu_flags()
     if missing:
         pytest.skip(f"this CPU lacks {sorted(missing)}")
-    env = {**os.environ, "FUSEDMLP_ISA": isa}
+    return {**os.environ, "FUSEDMLP_ISA": isa}
+
+
+@pytest.mark.parametrize("isa", list(CPU_FLAGS_NEEDED))
+def test_c_kernels_under_sanitizers(c_test_binary: Path, isa: str) -> None:
+    env = isa_environment(isa)
     result = subprocess.run(
         [str(c_test_binary)], capture_output=True, text=True, timeout=900, env=env
     )
