@@ -84,13 +84,50 @@ def cublaslt_location() -> tuple[str, str, str]:
     sys.exit("fusedmlp: CUDA build requested but cuBLASLt (cublasLt.h, libcublasLt.so) not found")
 
 
-def cpu_kernel_library() -> tuple[str, dict]:
-    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cpu").glob("*.c"))
-    flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-fno-math-errno"]
-    return (
-        "fusedmlp_cpu_kernels",
-        {"sources": sources, "include_dirs": ["csrc/include", "csrc/cpu"], "cflags": flags},
+# The float kernels for each instruction set live in their own translation
+# unit, built into their own static library with their own flags; everything
+# else (API, ISA choice, the portable and double kernels) is built for any
+# x86-64 CPU. The API picks an ISA at run time from CPUID.
+CPU_ISA_FLAGS = {
+    "avx2": ["-mavx2", "-mfma"],
+    "avx512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma"],
+}
+
+
+def cpu_kernel_libraries() -> list[tuple[str, dict]]:
+    cpu_dir = ROOT / "csrc" / "cpu"
+    isa_sources = {isa: f"csrc/cpu/kernels_f32_{isa}.c" for isa in CPU_ISA_FLAGS}
+    portable = sorted(
+        str(p.relative_to(ROOT))
+        for p in cpu_dir.glob("*.c")
+        if str(p.relative_to(ROOT)) not in isa_sources.values()
     )
+    flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-fno-math-errno"]
+    # obj_deps: every kernel includes the templates and headers, which
+    # build_clib would otherwise not know to recompile for.
+    headers = sorted(
+        str(p.relative_to(ROOT))
+        for p in [*cpu_dir.glob("*.h"), *(ROOT / "csrc" / "include" / "fusedmlp").glob("*.h")]
+    )
+    common = {"include_dirs": ["csrc/include", "csrc/cpu"], "obj_deps": {"": headers}}
+    # The portable library comes first: the linker resolves its references to
+    # the ISA libraries that follow it.
+    libraries = [("fusedmlp_cpu_kernels", {**common, "sources": portable, "cflags": flags})]
+    for isa, isa_flags in CPU_ISA_FLAGS.items():
+        libraries.append(
+            (
+                f"fusedmlp_cpu_kernels_{isa}",
+                {**common, "sources": [isa_sources[isa]], "cflags": flags + isa_flags},
+            )
+        )
+    return libraries
+
+
+def kernel_files() -> list[str]:
+    """The C kernels' sources and headers: the extension relinks when they change, since
+    build_ext does not look at the static libraries themselves."""
+    paths = [*(ROOT / "csrc" / "cpu").glob("*"), *(ROOT / "csrc" / "include").rglob("*.h")]
+    return sorted(str(p.relative_to(ROOT)) for p in paths if p.suffix in (".c", ".h"))
 
 
 def extension():
@@ -107,6 +144,7 @@ def extension():
             torch_sources,
             include_dirs=[str(ROOT / "csrc" / "include")],
             extra_compile_args={"cxx": cxx_flags},
+            depends=kernel_files(),
         )
     include_dir, lib_dir, lib_file = cublaslt_location()
     print(f"fusedmlp: CUDA build for {os.environ['TORCH_CUDA_ARCH_LIST']}, cuBLASLt {lib_dir}")
@@ -118,6 +156,7 @@ def extension():
         library_dirs=[lib_dir],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", f"-I{include_dir}"]},
         extra_link_args=[f"-l:{lib_file}"],
+        depends=kernel_files(),
     )
 
 
@@ -130,7 +169,7 @@ class BuildWithKernels(BuildExtension):
 
 
 setup(
-    libraries=[cpu_kernel_library()],
+    libraries=cpu_kernel_libraries(),
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildWithKernels},
 )

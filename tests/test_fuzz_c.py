@@ -1,6 +1,7 @@
 """Builds tests/c/fuzz_kernels.c with the C kernels under AddressSanitizer and UBSan and runs it
 for a bounded time: random sizes, strides, activations and threading modes against a naive
-double-precision reference, plus invalid arguments that must be rejected with a status.
+double-precision reference, plus invalid arguments that must be rejected with a status; once
+per instruction set the CPU has (FUSEDMLP_ISA), each ISA's kernels built with setup.py's flags.
 
 CI runs FUSEDMLP_FUZZ_SECONDS (default 20) with the fixed FUSEDMLP_FUZZ_SEED (default 6).
 For a long run on demand:
@@ -17,9 +18,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_c_kernels import CPU_FLAGS_NEEDED, build_c_test, isa_environment
 
 ROOT = Path(__file__).resolve().parent.parent
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 SECONDS = float(os.environ.get("FUSEDMLP_FUZZ_SECONDS", "20"))
 SEED = int(os.environ.get("FUSEDMLP_FUZZ_SEED", "6"))
 
@@ -27,38 +28,27 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 
 def build_fuzzer(output: Path) -> None:
-    kernels = sorted(str(p) for p in (ROOT / "csrc" / "cpu").glob("*.c"))
-    command = [
-        "gcc",
-        "-std=c11",
-        "-g",
-        "-O1",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        *SANITIZE,
-        f"-I{ROOT / 'csrc' / 'include'}",
-        f"-I{ROOT / 'csrc' / 'cpu'}",
-        str(ROOT / "tests" / "c" / "fuzz_kernels.c"),
-        *kernels,
-        "-lm",
-        "-pthread",
-        "-o",
-        str(output),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    build_c_test(ROOT / "tests" / "c" / "fuzz_kernels.c", output, ("-pthread",))
 
 
-def test_fuzz_kernels_under_sanitizers(tmp_path: Path) -> None:
-    binary = tmp_path / "fuzz_kernels"
+@pytest.fixture(scope="module")
+def fuzzer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    binary = tmp_path_factory.mktemp("fuzz") / "fuzz_kernels"
     build_fuzzer(binary)
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="")
+    return binary
+
+
+@pytest.mark.parametrize("isa", list(CPU_FLAGS_NEEDED))
+def test_fuzz_kernels_under_sanitizers(fuzzer: Path, isa: str) -> None:
+    """Each instruction set the CPU has gets its share of the time budget."""
+    env = dict(isa_environment(isa), ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
+               UBSAN_OPTIONS="")
+    seconds = SECONDS / len(CPU_FLAGS_NEEDED)
     result = subprocess.run(
-        [str(binary), str(SECONDS), str(SEED)],
+        [str(fuzzer), str(seconds), str(SEED)],
         capture_output=True,
         text=True,
-        timeout=SECONDS + 120,
+        timeout=seconds + 120,
         env=env,
     )
     report = result.stdout + result.stderr

@@ -17,6 +17,7 @@ static inline REAL FN(gelu_tanh_inner)(REAL z) {
 
 static inline REAL FN(sigmoid)(REAL z) { return (REAL)1 / ((REAL)1 + exp(-z)); }
 
+#ifndef FMLP_SIMD_WIDTH /* SIMD kernels use their vectorised activate_span */
 static void FN(activate_row)(REAL *v, int64_t n, fmlp_activation activation) {
   switch (activation) {
     case FMLP_ACT_RELU:
@@ -41,6 +42,8 @@ static void FN(activate_row)(REAL *v, int64_t n, fmlp_activation activation) {
       return;
   }
 }
+
+#endif
 
 /* grad[i] *= act'(pre[i]) */
 static void FN(activation_grad_row)(REAL *grad, const REAL *pre, int64_t n,

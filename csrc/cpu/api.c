@@ -1,9 +1,37 @@
-/* The public CPU API: argument validation, then the kernel for the dtype. */
+/* The public CPU API: argument validation, then the kernel for the dtype and
+ * the instruction set in use. */
 #include <stddef.h>
 
 #include "fusedmlp/cpu.h"
 #include "memory.h"
 #include "precision_kernels.h"
+
+/* One precision's kernels, built for one instruction set. */
+typedef struct {
+  fmlp_status (*chain)(const fmlp_cpu_chain_args *, const fmlp_threading *);
+  fmlp_status (*gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
+  fmlp_status (*activation_backward)(int64_t, const void *, const void *, fmlp_activation,
+                                     void *, const fmlp_threading *);
+  fmlp_status (*gated_backward)(int64_t, const void *, const void *, const void *,
+                                fmlp_activation, void *, void *, const fmlp_threading *);
+} precision_kernels;
+
+#define FMLP_PRECISION_KERNELS(suffix)                                                     \
+  {fmlp_cpu_chain_##suffix, fmlp_cpu_gated_##suffix, fmlp_cpu_activation_backward_##suffix, \
+   fmlp_cpu_gated_backward_##suffix}
+
+static const precision_kernels float_kernels[FMLP_ISA_COUNT] = {
+    [FMLP_ISA_PORTABLE] = FMLP_PRECISION_KERNELS(f32_portable),
+    [FMLP_ISA_AVX2] = FMLP_PRECISION_KERNELS(f32_avx2),
+    [FMLP_ISA_AVX512] = FMLP_PRECISION_KERNELS(f32_avx512),
+};
+
+/* Double precision has portable kernels only. */
+static const precision_kernels double_kernels = FMLP_PRECISION_KERNELS(f64_portable);
+
+static const precision_kernels *kernels_for(fmlp_dtype dtype) {
+  return dtype == FMLP_F64 ? &double_kernels : &float_kernels[fmlp_cpu_isa_in_use()];
+}
 
 static int valid_activation(fmlp_activation activation) {
   return activation >= FMLP_ACT_NONE && activation < FMLP_ACT_COUNT;
@@ -59,15 +87,13 @@ static fmlp_status check_gated(const fmlp_cpu_gated_args *a) {
 fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading *threading) {
   const fmlp_status status = check_chain(args);
   if (status != FMLP_OK) return status;
-  return args->dtype == FMLP_F32 ? fmlp_cpu_chain_f32(args, threading)
-                                 : fmlp_cpu_chain_f64(args, threading);
+  return kernels_for(args->dtype)->chain(args, threading);
 }
 
 fmlp_status fmlp_cpu_gated(const fmlp_cpu_gated_args *args, const fmlp_threading *threading) {
   const fmlp_status status = check_gated(args);
   if (status != FMLP_OK) return status;
-  return args->dtype == FMLP_F32 ? fmlp_cpu_gated_f32(args, threading)
-                                 : fmlp_cpu_gated_f64(args, threading);
+  return kernels_for(args->dtype)->gated(args, threading);
 }
 
 fmlp_status fmlp_cpu_activation_backward(fmlp_dtype dtype, int64_t n, const void *grad_out,
@@ -77,9 +103,8 @@ fmlp_status fmlp_cpu_activation_backward(fmlp_dtype dtype, int64_t n, const void
       (n > 0 && (grad_out == NULL || pre == NULL || grad_pre == NULL))) {
     return FMLP_ERR_INVALID_ARGUMENT;
   }
-  return dtype == FMLP_F32
-             ? fmlp_cpu_activation_backward_f32(n, grad_out, pre, activation, grad_pre, threading)
-             : fmlp_cpu_activation_backward_f64(n, grad_out, pre, activation, grad_pre, threading);
+  return kernels_for(dtype)->activation_backward(n, grad_out, pre, activation, grad_pre,
+                                                 threading);
 }
 
 fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *grad_product,
@@ -91,8 +116,6 @@ fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *gra
                  grad_up == NULL))) {
     return FMLP_ERR_INVALID_ARGUMENT;
   }
-  return dtype == FMLP_F32 ? fmlp_cpu_gated_backward_f32(n, grad_product, gate, up, activation,
-                                                         grad_gate, grad_up, threading)
-                           : fmlp_cpu_gated_backward_f64(n, grad_product, gate, up, activation,
-                                                         grad_gate, grad_up, threading);
+  return kernels_for(dtype)->gated_backward(n, grad_product, gate, up, activation, grad_gate,
+                                            grad_up, threading);
 }

@@ -1,5 +1,6 @@
-/* The per-precision entry points behind the public CPU API (cpu.h), which
- * validates arguments and then picks one of these by dtype. */
+/* The per-precision, per-ISA entry points behind the public CPU API (cpu.h),
+ * which validates arguments and then picks one of these by dtype and by
+ * fmlp_cpu_isa_in_use(). Each is defined in its own translation unit. */
 #ifndef FUSEDMLP_CPU_PRECISION_KERNELS_H
 #define FUSEDMLP_CPU_PRECISION_KERNELS_H
 
@@ -18,8 +19,10 @@
       fmlp_activation activation, void *grad_gate, void *grad_up,                               \
       const fmlp_threading *threading);
 
-FMLP_DECLARE_PRECISION_KERNELS(f32)
-FMLP_DECLARE_PRECISION_KERNELS(f64)
+FMLP_DECLARE_PRECISION_KERNELS(f32_portable)
+FMLP_DECLARE_PRECISION_KERNELS(f32_avx2)
+FMLP_DECLARE_PRECISION_KERNELS(f32_avx512)
+FMLP_DECLARE_PRECISION_KERNELS(f64_portable)
 
 #undef FMLP_DECLARE_PRECISION_KERNELS
 

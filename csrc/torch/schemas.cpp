@@ -22,10 +22,22 @@ TORCH_LIBRARY(fusedmlp, m) {
       " -> (Tensor, Tensor)");
 }
 
-// fusedmlp._C is imported only for the registrations above.
+// fusedmlp._C is imported for the registrations above, and tells which
+// instruction set the CPU kernels use (for tests and benchmarks).
 #include <Python.h>
 
+#include "fusedmlp/cpu.h"
+
+static PyObject *cpu_isa(PyObject * /*module*/, PyObject * /*unused*/) {
+  return PyUnicode_FromString(fmlp_cpu_isa_name(fmlp_cpu_isa_in_use()));
+}
+
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fusedmlp kernels", -1, nullptr};
+  static PyMethodDef methods[] = {
+      {"cpu_isa", cpu_isa, METH_NOARGS,
+       "The instruction set of the float CPU kernels now: avx512, avx2 or portable "
+       "(FUSEDMLP_ISA forces a lower one)."},
+      {nullptr, nullptr, 0, nullptr}};
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fusedmlp kernels", -1, methods};
   return PyModule_Create(&module);
 }

@@ -259,7 +259,10 @@ def _chain_backward(
     grad_y: Tensor,
     hidden: str,
     final: str,
-) -> tuple[Tensor, list[Tensor], list[Tensor | None]]:
+    need_grad_x: bool = True,
+) -> tuple[Tensor | None, list[Tensor], list[Tensor | None]]:
+    """Gradients of a chain; grad_x is None when not needed (the first layer's dX GEMM,
+    a sixth of a 3-layer backward, is skipped as eager autograd does)."""
     rows = _rows(x)
     x_rows = x.reshape(rows, x.shape[-1])
     widths = [x.shape[-1]] + [w.shape[0] for w in weights]
@@ -281,6 +284,8 @@ def _chain_backward(
         grad_weights[index] = grad.t().mm(layer_input)
         if has_bias[index]:
             grad_biases[index] = grad.sum(0)
+        if index == 0 and not need_grad_x:
+            return None, grad_weights, grad_biases
         grad = grad.mm(weights[index])
     return grad.view(x.shape), grad_weights, grad_biases
 
@@ -294,17 +299,18 @@ def _gated_backward(
     saved: Tensor,
     grad_y: Tensor,
     activation: str,
-) -> tuple[Tensor, ...]:
+    need_grad_x: bool = True,
+) -> tuple[Tensor | None, ...]:
     x_rows = x.reshape(_rows(x), x.shape[-1])
     grad = grad_y.reshape(x_rows.shape[0], w_down.shape[0])
     gate, up, product = saved[0], saved[1], saved[2]
     grad_w_down = grad.t().mm(product)
     grad_gate, grad_up = _ops.gated_backward(grad.mm(w_down), gate, up, activation)
-    grad_x = grad_gate.mm(w_gate) + grad_up.mm(w_up)
+    grad_x = (grad_gate.mm(w_gate) + grad_up.mm(w_up)).view(x.shape) if need_grad_x else None
     grads = (grad_gate, grad_up, grad)
     grad_biases = tuple(g.sum(0) if present else None for g, present in zip(grads, has_bias))
     return (
-        grad_x.view(x.shape),
+        grad_x,
         grad_gate.t().mm(x_rows),
         grad_up.t().mm(x_rows),
         grad_w_down,
@@ -386,6 +392,7 @@ class _ChainOp:
                 grad_y,
                 ctx.activation,
                 self.final(ctx.activation),
+                need_grad_x=ctx.needs_input_grad[0],
             )
             return self.pack(grad_x, grad_weights, grad_biases, None)
 
@@ -419,7 +426,10 @@ def _register_gated() -> None:
         x, saved, weights, biases = _saved_inputs(ctx)
         if ctx.recompute:
             saved = _ops.gated_mlp_train(x, *weights, *biases, ctx.activation)[1]
-        grads = _gated_backward(x, *weights, tuple(ctx.has_bias), saved, grad_y, ctx.activation)
+        grads = _gated_backward(
+            x, *weights, tuple(ctx.has_bias), saved, grad_y, ctx.activation,
+            need_grad_x=ctx.needs_input_grad[0],
+        )
         return (*grads, None)
 
     for name, training in (("gated_mlp", False), ("gated_mlp_train", True)):

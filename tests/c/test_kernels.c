@@ -251,6 +251,8 @@ static void test_invalid_arguments(tally *t) {
 
 int main(void) {
   tally t = {0, 0};
+  /* The harness checks that FUSEDMLP_ISA took effect. */
+  printf("isa %s\n", fmlp_cpu_isa_name(fmlp_cpu_isa_in_use()));
   const fmlp_threading serial = {NULL, NULL, 1};
   const fmlp_threading chunked = {reversed_parallel_for, NULL, 4};
   const int64_t edge_sizes[] = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33};
@@ -267,6 +269,10 @@ int main(void) {
     for (int act = 0; act < FMLP_ACT_COUNT; ++act) {
       test_linear(&t, (fmlp_dtype)dtype, 131, 1031, 263, (fmlp_activation)act, act % 2, act % 3 == 0, &chunked);
       test_linear(&t, (fmlp_dtype)dtype, 9, 13, 0, (fmlp_activation)act, act % 2, 0, &serial);
+      /* K past one cache block (1024), in place (<= 64 rows, row-major weight) and packed */
+      test_linear(&t, (fmlp_dtype)dtype, 64, 37, 1100, (fmlp_activation)act, 1, 1, &serial);
+      test_linear(&t, (fmlp_dtype)dtype, 100, 45, 1031, (fmlp_activation)act, act % 2, act % 2,
+                  &chunked);
       test_gated(&t, (fmlp_dtype)dtype, 67, 29, 41, (fmlp_activation)act, &chunked);
       test_activation_backward(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
     }

@@ -10,6 +10,24 @@
 extern "C" {
 #endif
 
+/* Instruction sets the float kernels are built for, one translation unit
+ * each. Double precision always runs the portable kernels. */
+typedef enum {
+  FMLP_ISA_PORTABLE = 0, /* plain C11, any x86-64 (or other) CPU */
+  FMLP_ISA_AVX2 = 1,     /* AVX2 + FMA */
+  FMLP_ISA_AVX512 = 2,   /* AVX-512 F/DQ/BW/VL */
+  FMLP_ISA_COUNT = 3
+} fmlp_cpu_isa;
+
+/* The instruction set the kernels use on this CPU: the best one it supports,
+ * or the one the environment variable FUSEDMLP_ISA (avx512|avx2|portable)
+ * asks for, lowered to the best supported one if the CPU lacks it. Computed
+ * on each call (CPUID is cached by libgcc; getenv is cheap), so no state. */
+fmlp_cpu_isa fmlp_cpu_isa_in_use(void);
+
+/* "portable", "avx2" or "avx512". */
+const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa);
+
 /* Runs fn over the task range [0, n_tasks), split into chunks that may run
  * concurrently. The kernels never start threads themselves: the caller's
  * thread pool (e.g. ATen's) does, so there is one OpenMP runtime only. */

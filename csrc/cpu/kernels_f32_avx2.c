@@ -1,0 +1,8 @@
+/* The CPU kernels in single precision for AVX2 + FMA; this file alone is
+ * compiled with -mavx2 -mfma and only runs after CPUID says it may. */
+#define REAL float
+#define REAL_SUFFIX f32_avx2
+#include "simd_avx2.h"
+#include "precision_kernels.h"
+#include "real_template.h"
+#include "drivers.h"

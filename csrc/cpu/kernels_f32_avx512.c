@@ -1,0 +1,9 @@
+/* The CPU kernels in single precision for AVX-512; this file alone is
+ * compiled with -mavx512f -mavx512dq -mavx512bw -mavx512vl -mfma and only
+ * runs after CPUID says it may. */
+#define REAL float
+#define REAL_SUFFIX f32_avx512
+#include "simd_avx512.h"
+#include "precision_kernels.h"
+#include "real_template.h"
+#include "drivers.h"

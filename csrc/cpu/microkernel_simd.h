@@ -1,0 +1,289 @@
+/* The register-tiled SIMD micro-kernels (template: real_template.h plus the
+ * vreal operations of simd_<isa>.h). An MR x NR tile of accumulators, NR =
+ * NV vectors wide, lives in registers for the whole K loop: each step loads
+ * NV vectors of the packed operand b and broadcasts MR scalars of a. The
+ * accumulators start at the bias (or at the partial sums of earlier K
+ * blocks), and the last K block activates them in registers before the one
+ * store. Edge tiles use masked loads and stores: nothing outside the output
+ * is read or written. */
+#define GEMM_NV (GEMM_NR / FMLP_SIMD_WIDTH)
+
+#define FMLP_ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* acc[i][v] += sum_kk a_rows[i][kk * a_k_stride] * b[kk * NR + v * W] */
+static FMLP_ALWAYS_INLINE void FN(accumulate_tile)(vreal acc[GEMM_MR][GEMM_NV], int64_t kc,
+                                                   const REAL *const a_rows[GEMM_MR],
+                                                   int64_t a_k_stride, const REAL *restrict b) {
+#pragma GCC unroll 2
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    vreal b_k[GEMM_NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < GEMM_NV; ++v) b_k[v] = v_load(b + kk * GEMM_NR + v * FMLP_SIMD_WIDTH);
+#pragma GCC unroll 16
+    for (int i = 0; i < GEMM_MR; ++i) {
+      const vreal a_ik = v_set1(a_rows[i][kk * a_k_stride]);
+#pragma GCC unroll 8
+      for (int v = 0; v < GEMM_NV; ++v) acc[i][v] = v_fma(a_ik, b_k[v], acc[i][v]);
+    }
+  }
+}
+
+/* Lanes of vector v that lie inside a tile `cols` wide. */
+static FMLP_ALWAYS_INLINE int64_t FN(lanes_inside)(int64_t cols, int v) {
+  const int64_t left = cols - (int64_t)v * FMLP_SIMD_WIDTH;
+  return left < 0 ? 0 : left;
+}
+
+/* The rows x cols part of the tile into row-major c. */
+static FMLP_ALWAYS_INLINE void FN(store_tile)(vreal acc[GEMM_MR][GEMM_NV], REAL *c, int64_t ldc,
+                                              int64_t rows, int64_t cols) {
+#pragma GCC unroll 16
+  for (int i = 0; i < GEMM_MR; ++i) {
+    if (i >= rows) break;
+#pragma GCC unroll 8
+    for (int v = 0; v < GEMM_NV; ++v) {
+      v_store_first(c + i * ldc + v * FMLP_SIMD_WIDTH, acc[i][v], FN(lanes_inside)(cols, v));
+    }
+  }
+}
+
+/* Packed a (an MR-tall panel, element (i, kk) at a[kk * MR + i]) times the
+ * packed b panel, into the row-major tile c (rows x cols of it inside). */
+static void FN(microkernel_packed)(int64_t kc, const REAL *restrict a, const REAL *restrict b,
+                                   REAL *c, int64_t ldc, int64_t rows, int64_t cols,
+                                   const FN(tile_epilogue) *ep) {
+  vreal acc[GEMM_MR][GEMM_NV];
+  vreal start[GEMM_NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < GEMM_NV; ++v) {
+    start[v] = ep->first_k_block && ep->bias != NULL
+                   ? v_load_first(ep->bias + v * FMLP_SIMD_WIDTH, FN(lanes_inside)(cols, v))
+                   : v_zero();
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < GEMM_MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < GEMM_NV; ++v) {
+      acc[i][v] = !ep->first_k_block && i < rows
+                      ? v_load_first(c + i * ldc + v * FMLP_SIMD_WIDTH, FN(lanes_inside)(cols, v))
+                      : start[v];
+    }
+  }
+  const REAL *a_rows[GEMM_MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < GEMM_MR; ++i) a_rows[i] = a + i;
+  FN(accumulate_tile)(acc, kc, a_rows, GEMM_MR, b);
+  if (ep->last_k_block) {
+    if (ep->pre != NULL) FN(store_tile)(acc, ep->pre, ep->pre_stride, rows, cols);
+    FN(activate_vectors)(&acc[0][0], GEMM_MR * GEMM_NV, ep->activation);
+  }
+  FN(store_tile)(acc, c, ldc, rows, cols);
+}
+
+/* The transposed product for small row counts, which skips packing the
+ * weight: the tile's rows are weight rows read in place (w_rows[i], unit
+ * stride along K), its columns are input rows packed K-major in b (nv
+ * vectors wide). So tile element (i, m) is output (row m, column i): bias is
+ * per tile row, and the store transposes through a small buffer. Always the
+ * whole K at once. mr and nv are constants in each caller, so the tile lives
+ * in registers. */
+#define TRANSPOSED_NARROW_MR GEMM_MR /* 24 measured no faster, and spills row pointers */
+
+static FMLP_ALWAYS_INLINE void FN(transposed_tile)(const int mr, const int nv, int64_t k,
+                                                   const REAL *const *w_rows,
+                                                   const REAL *restrict b, REAL *c, int64_t ldc,
+                                                   int64_t n_weight_rows, int64_t n_input_rows,
+                                                   const REAL *bias, REAL *pre,
+                                                   int64_t pre_stride,
+                                                   fmlp_activation activation) {
+  vreal acc[TRANSPOSED_NARROW_MR][GEMM_NV];
+  const int64_t b_width = (int64_t)nv * FMLP_SIMD_WIDTH;
+#pragma GCC unroll 32
+  for (int i = 0; i < mr; ++i) {
+    const vreal start = bias != NULL && i < n_weight_rows ? v_set1(bias[i]) : v_zero();
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; ++v) acc[i][v] = start;
+  }
+#pragma GCC unroll 2
+  for (int64_t kk = 0; kk < k; ++kk) {
+    vreal b_k[GEMM_NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; ++v) b_k[v] = v_load(b + kk * b_width + v * FMLP_SIMD_WIDTH);
+#pragma GCC unroll 32
+    for (int i = 0; i < mr; ++i) {
+      const vreal w_ik = v_set1(w_rows[i][kk]);
+#pragma GCC unroll 8
+      for (int v = 0; v < nv; ++v) acc[i][v] = v_fma(w_ik, b_k[v], acc[i][v]);
+    }
+  }
+  REAL tile[TRANSPOSED_NARROW_MR][GEMM_NR] __attribute__((aligned(64)));
+  for (int pass = pre != NULL ? 0 : 1; pass < 2; ++pass) {
+    if (pass == 1) {
+#pragma GCC unroll 32
+      for (int i = 0; i < mr; ++i) FN(activate_vectors)(acc[i], nv, activation);
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < mr; ++i) {
+#pragma GCC unroll 8
+      for (int v = 0; v < nv; ++v) v_store(&tile[i][v * FMLP_SIMD_WIDTH], acc[i][v]);
+    }
+    REAL *out = pass == 0 ? pre : c;
+    const int64_t out_stride = pass == 0 ? pre_stride : ldc;
+    for (int64_t m = 0; m < n_input_rows; ++m) {
+      for (int64_t i = 0; i < n_weight_rows; ++i) out[m * out_stride + i] = tile[i][m];
+    }
+  }
+}
+
+/* MR weight rows x NR input rows. */
+static void FN(microkernel_transposed)(int64_t k, const REAL *const *w_rows,
+                                       const REAL *restrict b, REAL *c, int64_t ldc,
+                                       int64_t n_weight_rows, int64_t n_input_rows,
+                                       const REAL *bias, REAL *pre, int64_t pre_stride,
+                                       fmlp_activation activation) {
+  FN(transposed_tile)(GEMM_MR, GEMM_NV, k, w_rows, b, c, ldc, n_weight_rows, n_input_rows, bias,
+                      pre, pre_stride, activation);
+}
+
+/* MR weight rows x one vector of input rows: for up to W input rows, where
+ * the NR-wide tile would leave half its lanes empty (16 rows x 256 -> 256:
+ * 1.6x faster than the NR-wide tile). */
+static void FN(microkernel_transposed_narrow)(int64_t k, const REAL *const *w_rows,
+                                              const REAL *restrict b, REAL *c, int64_t ldc,
+                                              int64_t n_weight_rows, int64_t n_input_rows,
+                                              const REAL *bias, REAL *pre, int64_t pre_stride,
+                                              fmlp_activation activation) {
+  FN(transposed_tile)(TRANSPOSED_NARROW_MR, 1, k, w_rows, b, c, ldc, n_weight_rows,
+                      n_input_rows, bias, pre, pre_stride, activation);
+}
+
+/* For a handful of input rows (single-token inference) every output is a
+ * dot product along K of an input row and a weight row, both read in place
+ * with unit stride: vectors run along K, so no lane is wasted, and the
+ * weight streams through once. out[r][j] = x_rows[r] . w_rows[j]. */
+#define DOT_MAX_ROWS 4
+#define DOT_WEIGHT_ROWS 4
+
+static void FN(dot_tile)(int64_t k, const REAL *const x_rows[DOT_MAX_ROWS],
+                         const REAL *const w_rows[DOT_WEIGHT_ROWS],
+                         REAL out[DOT_MAX_ROWS][DOT_WEIGHT_ROWS]) {
+  vreal acc[DOT_MAX_ROWS][DOT_WEIGHT_ROWS];
+#pragma GCC unroll 4
+  for (int r = 0; r < DOT_MAX_ROWS; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) acc[r][j] = v_zero();
+  }
+  for (int64_t kk = 0; kk < k; kk += FMLP_SIMD_WIDTH) {
+    const int64_t lanes = k - kk; /* the last step is masked: nothing read past K */
+    vreal w[DOT_WEIGHT_ROWS];
+#pragma GCC unroll 4
+    for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) {
+      w[j] = lanes >= FMLP_SIMD_WIDTH ? v_load(w_rows[j] + kk)
+                                      : v_load_first(w_rows[j] + kk, lanes);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < DOT_MAX_ROWS; ++r) {
+      const vreal x = lanes >= FMLP_SIMD_WIDTH ? v_load(x_rows[r] + kk)
+                                               : v_load_first(x_rows[r] + kk, lanes);
+#pragma GCC unroll 4
+      for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) acc[r][j] = v_fma(x, w[j], acc[r][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < DOT_MAX_ROWS; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) out[r][j] = v_sum(acc[r][j]);
+  }
+}
+
+/* ---- the gated micro-kernel: act(x @ Wg.T + bg) * (x @ Wu.T + bu) ---- */
+
+/* Half an MR-tall input panel: gate and up tiles together fill the registers
+ * (6 x 2 + 6 x 2 zmm for AVX-512). */
+#define GATED_MR (GEMM_MR / 2)
+
+typedef struct {
+  const REAL *bias_gate, *bias_up; /* at the tile's first column, or NULL */
+  REAL *gate, *up;                 /* partial sums between K blocks; the
+                                      pre-activations when save_gate_up */
+  int64_t gate_up_stride;
+  REAL *product; /* act(gate) * up, written on the last K block */
+  int64_t product_stride;
+  fmlp_activation activation;
+  int first_k_block, last_k_block, save_gate_up;
+} FN(gated_tile_epilogue);
+
+static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GEMM_NV],
+                                                    const REAL *bias, const REAL *partial,
+                                                    int64_t stride, int first_k_block,
+                                                    int64_t rows, int64_t cols) {
+#pragma GCC unroll 16
+  for (int i = 0; i < GATED_MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < GEMM_NV; ++v) {
+      const int64_t lanes = FN(lanes_inside)(cols, v);
+      if (!first_k_block) {
+        acc[i][v] = i < rows ? v_load_first(partial + i * stride + v * FMLP_SIMD_WIDTH, lanes)
+                             : v_zero();
+      } else {
+        acc[i][v] = bias != NULL ? v_load_first(bias + v * FMLP_SIMD_WIDTH, lanes) : v_zero();
+      }
+    }
+  }
+}
+
+/* a: the first of GATED_MR rows in a packed MR-tall input panel (element
+ * (i, kk) at a[kk * MR + i]); b_gate, b_up: the matching packed weight
+ * panels. Gate and up accumulate in one pass over K, so the input is read
+ * once and act(gate) * up is stored without a round trip through memory. */
+static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL *restrict b_gate,
+                                  const REAL *restrict b_up, int64_t rows, int64_t cols,
+                                  const FN(gated_tile_epilogue) *ep) {
+  vreal gate[GATED_MR][GEMM_NV], up[GATED_MR][GEMM_NV];
+  FN(load_gated_start)(gate, ep->bias_gate, ep->gate, ep->gate_up_stride, ep->first_k_block,
+                       rows, cols);
+  FN(load_gated_start)(up, ep->bias_up, ep->up, ep->gate_up_stride, ep->first_k_block, rows,
+                       cols);
+#pragma GCC unroll 2
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    vreal bg[GEMM_NV], bu[GEMM_NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < GEMM_NV; ++v) {
+      bg[v] = v_load(b_gate + kk * GEMM_NR + v * FMLP_SIMD_WIDTH);
+      bu[v] = v_load(b_up + kk * GEMM_NR + v * FMLP_SIMD_WIDTH);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < GATED_MR; ++i) {
+      const vreal a_ik = v_set1(a[kk * GEMM_MR + i]);
+#pragma GCC unroll 8
+      for (int v = 0; v < GEMM_NV; ++v) {
+        gate[i][v] = v_fma(a_ik, bg[v], gate[i][v]);
+        up[i][v] = v_fma(a_ik, bu[v], up[i][v]);
+      }
+    }
+  }
+  if (!ep->last_k_block || ep->save_gate_up) {
+#pragma GCC unroll 16
+    for (int i = 0; i < GATED_MR; ++i) {
+      if (i >= rows) break;
+#pragma GCC unroll 8
+      for (int v = 0; v < GEMM_NV; ++v) {
+        const int64_t lanes = FN(lanes_inside)(cols, v);
+        const int64_t at = i * ep->gate_up_stride + v * FMLP_SIMD_WIDTH;
+        v_store_first(ep->gate + at, gate[i][v], lanes);
+        v_store_first(ep->up + at, up[i][v], lanes);
+      }
+    }
+  }
+  if (!ep->last_k_block) return;
+  FN(activate_vectors)(&gate[0][0], GATED_MR * GEMM_NV, ep->activation);
+#pragma GCC unroll 16
+  for (int i = 0; i < GATED_MR; ++i) {
+    if (i >= rows) break;
+#pragma GCC unroll 8
+    for (int v = 0; v < GEMM_NV; ++v) {
+      v_store_first(ep->product + i * ep->product_stride + v * FMLP_SIMD_WIDTH,
+                    v_mul(gate[i][v], up[i][v]), FN(lanes_inside)(cols, v));
+    }
+  }
+}

@@ -1,0 +1,87 @@
+/* The vector operations the float kernels are written in, for AVX2 + FMA
+ * (8 floats a register). Included by the AVX2 translation unit only, which is
+ * compiled with -mavx2 -mfma. */
+#ifndef FUSEDMLP_CPU_SIMD_AVX2_H
+#define FUSEDMLP_CPU_SIMD_AVX2_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define FMLP_SIMD_WIDTH 8
+#define FMLP_SIMD_REGISTERS 16
+
+typedef __m256 vreal;
+typedef __m256i vmask;
+
+static inline vreal v_zero(void) { return _mm256_setzero_ps(); }
+static inline vreal v_set1(float x) { return _mm256_set1_ps(x); }
+static inline vreal v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void v_store(float *p, vreal v) { _mm256_storeu_ps(p, v); }
+/* The first n (0..8) lanes; masked lanes are never touched in memory. */
+static inline vmask v_first_lanes(int64_t n) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), lane);
+}
+static inline vreal v_load_first(const float *p, int64_t n) {
+  return _mm256_maskload_ps(p, v_first_lanes(n));
+}
+static inline void v_store_first(float *p, vreal v, int64_t n) {
+  _mm256_maskstore_ps(p, v_first_lanes(n), v);
+}
+static inline vreal v_add(vreal a, vreal b) { return _mm256_add_ps(a, b); }
+static inline vreal v_sub(vreal a, vreal b) { return _mm256_sub_ps(a, b); }
+static inline vreal v_mul(vreal a, vreal b) { return _mm256_mul_ps(a, b); }
+static inline vreal v_div(vreal a, vreal b) { return _mm256_div_ps(a, b); }
+static inline vreal v_fma(vreal a, vreal b, vreal c) { return _mm256_fmadd_ps(a, b, c); }
+/* max/min return their second operand when either is NaN: pass the value
+ * that must keep its NaN second. */
+static inline vreal v_max(vreal a, vreal b) { return _mm256_max_ps(a, b); }
+static inline vreal v_min(vreal a, vreal b) { return _mm256_min_ps(a, b); }
+static inline vreal v_abs(vreal a) {
+  return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a);
+}
+/* |magnitude| with the sign of sign_of. */
+static inline vreal v_copysign(vreal magnitude, vreal sign_of) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  return _mm256_or_ps(_mm256_andnot_ps(sign_bit, magnitude), _mm256_and_ps(sign_bit, sign_of));
+}
+static inline vreal v_round(vreal a) {
+  return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+/* 2^n for integral n in [-126, 127], as a float. */
+static inline vreal v_pow2_int(vreal n) {
+  const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23));
+}
+/* where a > b (false for NaN): if_true, else otherwise. */
+static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal otherwise) {
+  return _mm256_blendv_ps(otherwise, if_true, _mm256_cmp_ps(a, b, _CMP_GT_OQ));
+}
+
+static inline float v_sum(vreal a) {
+  __m128 quad = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  quad = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+  quad = _mm_add_ss(quad, _mm_shuffle_ps(quad, quad, 0x55));
+  return _mm_cvtss_f32(quad);
+}
+
+/* r[i][j] = r[j][i] for an 8 x 8 block held as 8 rows. */
+static inline void v_transpose(vreal r[8]) {
+  __m256 t[8], s[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+  }
+}
+
+#endif /* FUSEDMLP_CPU_SIMD_AVX2_H */

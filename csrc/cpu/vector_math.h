@@ -1,0 +1,115 @@
+/* Vectorised activations for the SIMD float kernels (template over the
+ * vreal operations of simd_<isa>.h, float only). Accuracy matches PyTorch's
+ * own vectorised CPU code: exp is Cephes' expf (~1 ulp), erf is
+ * Abramowitz-Stegun 7.1.26 with that exp (max abs error ~1.5e-7, like
+ * PyTorch's Vectorized<float>::erf), tanh is 1 - 2 / (exp(2u) + 1). NaN
+ * propagates through every function. */
+#include <math.h>
+
+#include "fusedmlp/fusedmlp.h"
+
+static inline vreal FN(v_exp)(vreal x) {
+  /* NaN stays NaN: x is the second operand of max/min. */
+  const vreal clamped = v_min(v_set1(88.37f), v_max(v_set1(-87.33f), x));
+  const vreal n = v_round(v_mul(clamped, v_set1(1.44269504088896341f)));
+  /* r = x - n ln2, with ln2 split in two so that r is exact */
+  vreal r = v_fma(n, v_set1(-0.693359375f), clamped);
+  r = v_fma(n, v_set1(2.12194440e-4f), r);
+  vreal p = v_set1(1.9875691500e-4f);
+  p = v_fma(p, r, v_set1(1.3981999507e-3f));
+  p = v_fma(p, r, v_set1(8.3334519073e-3f));
+  p = v_fma(p, r, v_set1(4.1665795894e-2f));
+  p = v_fma(p, r, v_set1(1.6666665459e-1f));
+  p = v_fma(p, r, v_set1(5.0000001201e-1f));
+  p = v_fma(p, v_mul(r, r), v_add(r, v_set1(1.0f)));
+  vreal y = v_mul(p, v_pow2_int(n));
+  /* beyond float range: exp overflows to inf and underflows to 0, as expf does */
+  y = v_select_greater(x, v_set1(88.72283935546875f), v_set1(INFINITY), y);
+  return v_select_greater(v_set1(-87.33654022216797f), x, v_zero(), y);
+}
+
+static inline vreal FN(v_erf)(vreal x) {
+  const vreal ax = v_abs(x);
+  const vreal one = v_set1(1.0f);
+  const vreal t = v_div(one, v_fma(v_set1(0.3275911f), ax, one));
+  vreal r = v_set1(1.061405429f);
+  r = v_fma(r, t, v_set1(-1.453152027f));
+  r = v_fma(r, t, v_set1(1.421413741f));
+  r = v_fma(r, t, v_set1(-0.284496736f));
+  r = v_fma(r, t, v_set1(0.254829592f));
+  r = v_mul(r, t);
+  const vreal e = FN(v_exp)(v_sub(v_zero(), v_mul(ax, ax)));
+  return v_copysign(v_sub(one, v_mul(r, e)), x);
+}
+
+static inline vreal FN(v_tanh)(vreal u) {
+  const vreal one = v_set1(1.0f);
+  const vreal e = FN(v_exp)(v_add(u, u));
+  return v_sub(one, v_div(v_set1(2.0f), v_add(e, one)));
+}
+
+/* The same formulas as the scalar activate_row (activation.h) and PyTorch,
+ * so NaN and +-inf come out the same. */
+static inline vreal FN(v_relu)(vreal v) {
+  return v_max(v_zero(), v); /* NaN is the second operand: it propagates */
+}
+
+static inline vreal FN(v_gelu)(vreal v) {
+  const vreal cdf_doubled = v_add(v_set1(1.0f), FN(v_erf)(v_mul(v, v_set1(0.70710678118654752f))));
+  return v_mul(v_mul(v_set1(0.5f), v), cdf_doubled);
+}
+
+static inline vreal FN(v_gelu_tanh)(vreal v) {
+  const vreal cube_term = v_mul(v_set1(0.044715f), v_mul(v, v_mul(v, v)));
+  const vreal inner = v_mul(v_set1(0.79788456080286535588f), v_add(v, cube_term));
+  return v_mul(v_mul(v_set1(0.5f), v), v_add(v_set1(1.0f), FN(v_tanh)(inner)));
+}
+
+static inline vreal FN(v_silu)(vreal v) {
+  const vreal one = v_set1(1.0f);
+  return v_mul(v, v_div(one, v_add(one, FN(v_exp)(v_sub(v_zero(), v)))));
+}
+
+/* Applies an activation to `count` vectors in place; the switch sits outside
+ * the loop so each case is a straight run of vector code. */
+static inline __attribute__((always_inline)) void FN(activate_vectors)(
+    vreal *v, int count, fmlp_activation activation) {
+  switch (activation) {
+    case FMLP_ACT_RELU:
+#pragma GCC unroll 64
+      for (int i = 0; i < count; ++i) v[i] = FN(v_relu)(v[i]);
+      return;
+    case FMLP_ACT_GELU:
+#pragma GCC unroll 64
+      for (int i = 0; i < count; ++i) v[i] = FN(v_gelu)(v[i]);
+      return;
+    case FMLP_ACT_GELU_TANH:
+#pragma GCC unroll 64
+      for (int i = 0; i < count; ++i) v[i] = FN(v_gelu_tanh)(v[i]);
+      return;
+    case FMLP_ACT_SILU:
+#pragma GCC unroll 64
+      for (int i = 0; i < count; ++i) v[i] = FN(v_silu)(v[i]);
+      return;
+    case FMLP_ACT_NONE:
+    case FMLP_ACT_COUNT:
+      return;
+  }
+}
+
+/* v[0, n) = act(v[0, n)), a vector at a time; the tail is masked, never
+ * read or written past n. */
+static void FN(activate_span)(REAL *v, int64_t n, fmlp_activation activation) {
+  if (activation == FMLP_ACT_NONE) return;
+  int64_t i = 0;
+  for (; i + FMLP_SIMD_WIDTH <= n; i += FMLP_SIMD_WIDTH) {
+    vreal chunk = v_load(v + i);
+    FN(activate_vectors)(&chunk, 1, activation);
+    v_store(v + i, chunk);
+  }
+  if (i < n) {
+    vreal tail = v_load_first(v + i, n - i);
+    FN(activate_vectors)(&tail, 1, activation);
+    v_store_first(v + i, tail, n - i);
+  }
+}

@@ -1,0 +1,178 @@
+"""Speed sweep: eager PyTorch, torch.compile and fusedmlp on the same shapes, in one run.
+
+    python -m fusedmlp.bench [--device cpu|cuda] [--dtype float32] [--quick] [--out DIR]
+                             [--cases a,b] [--no-compile] [--min-run-time S] [--threads N]
+
+Times every case with torch.utils.benchmark (warm-up, CUDA sync, medians; the three variants
+take turns in rounds so that drifting machine load biases none of them), prints a table of
+medians and of fused/eager and fused/compile time ratios, and writes bench.json and bench.png
+into --out. GEMM-bound cases also report GFLOP/s as a fraction of this machine's peak,
+measured at the start by a small C FMA loop (bench_peak.py) on as many threads as torch uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.utils.benchmark as benchmark
+
+from . import _C
+from .bench_cases import (
+    CASES,
+    Case,
+    build_modules,
+    forward_flops,
+    inference_call,
+    make_input,
+    training_call,
+)
+from .bench_peak import measure_peak_gflops
+from .bench_report import CaseResult, format_table, write_json, write_plot
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m fusedmlp.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes and short timings (tests, CI)")
+    parser.add_argument("--out", type=Path, default=Path("fusedmlp-bench"),
+                        help="folder for bench.json and bench.png")
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated subset of: " + ", ".join(c.name for c in CASES))
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--min-run-time", type=float, default=None,
+                        help="seconds of timing per measurement (default 1, --quick 0.05)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads before timing (default: torch's)")
+    return parser.parse_args(argv)
+
+
+def select_cases(spec: str | None) -> list[Case]:
+    if not spec:
+        return list(CASES)
+    by_name = {c.name: c for c in CASES}
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; choose from {sorted(by_name)}")
+    return [by_name[n] for n in names]
+
+
+ROUNDS = 3  # variants take turns, so drifting machine load biases none of them
+
+
+def warm_up(fn: Callable[[], object]) -> None:
+    for _ in range(2):  # torch.compile compiles here, caches fill
+        fn()
+
+
+def timed_runs(fn: Callable[[], object], min_run_time: float) -> list[float]:
+    """Seconds per call of each timed block (torch.utils.benchmark handles CUDA sync)."""
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
+                            num_threads=torch.get_num_threads())
+    return list(timer.blocked_autorange(min_run_time=min_run_time).times)
+
+
+def variant_calls(case: Case, sizes: tuple[int, ...], x: torch.Tensor, device: str,
+                  dtype: torch.dtype, with_compile: bool) -> dict[str, Callable[[], object]]:
+    eager, fused = build_modules(case, sizes, device, dtype)
+    modules = {"eager": eager, "fused": fused}
+    if with_compile:
+        modules["compile"] = torch.compile(eager)
+    if case.kind != "train":
+        return {name: inference_call(m, x) for name, m in modules.items()}
+    calls = {}
+    for name, module in modules.items():
+        owner = fused if name == "fused" else eager
+        calls[name] = training_call(module, list(owner.parameters()), x)
+    return calls
+
+
+def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> CaseResult:
+    rows, sizes = case.shape(args.quick)
+    dtype = DTYPES[args.dtype]
+    x = make_input(case, rows, sizes, args.device, dtype)
+    calls = variant_calls(case, sizes, x, args.device, dtype, not args.no_compile)
+    result = CaseResult(case.name, case.description, rows, list(sizes),
+                        forward_flops(case, rows, sizes), case.gemm_bound)
+    min_run_time = args.min_run_time or (0.05 if args.quick else 1.0)
+    variants = [v for v in ("eager", "compile", "fused") if v in calls]
+    runs: dict[str, list[float]] = {v: [] for v in variants}
+    for variant in variants:
+        started = time.perf_counter()
+        print(f"[{index}/{total}] {case.name}: {variant} warm-up ...", end="", file=sys.stderr,
+              flush=True)
+        warm_up(calls[variant])
+        print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    for round_index in range(ROUNDS):
+        for variant in variants:
+            runs[variant] += timed_runs(calls[variant], min_run_time / ROUNDS)
+        medians = ", ".join(f"{v} {statistics.median(runs[v]) * 1e3:.3f} ms" for v in variants)
+        print(f"[{index}/{total}] {case.name}: round {round_index + 1}/{ROUNDS}: {medians}",
+              file=sys.stderr, flush=True)
+    result.median_s = {v: statistics.median(runs[v]) for v in variants}
+    return result
+
+
+def machine_description(args: argparse.Namespace) -> dict:
+    isa = _C.cpu_isa()
+    threads = torch.get_num_threads()
+    description = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_isa": isa,
+        "threads": threads,
+        "peak_gflops": None,
+    }
+    if args.device == "cuda":
+        description["gpu"] = torch.cuda.get_device_name()
+    elif args.dtype == "float32":
+        print(f"measuring the fp32 FMA peak ({isa}, {threads} threads) ...", file=sys.stderr,
+              flush=True)
+        description["peak_gflops"] = measure_peak_gflops(isa, threads)
+    return description
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Inductor's pool of compile worker processes would keep cores busy while we time.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cases = select_cases(args.cases)
+    machine = machine_description(args)
+    results = [run_case(case, args, i + 1, len(cases)) for i, case in enumerate(cases)]
+    peak = machine["peak_gflops"]
+    print()
+    print(f"fusedmlp bench: {args.device} {args.dtype}, ISA {machine['cpu_isa']}, "
+          f"{machine['threads']} threads, torch {machine['torch']}, measured fp32 peak "
+          + (f"{peak:.1f} GFLOP/s" if peak else "n/a"))
+    print(format_table(results, peak))
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "bench.json", machine, results)
+    title = f"fusedmlp vs eager / torch.compile ({args.device}, {args.dtype})"
+    write_plot(args.out / "bench.png", results, title)
+    print(f"\nwrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The benchmark's cases: for each, an eager PyTorch module, the same computation as fused
+modules sharing its parameters, an input, and the FLOPs one call costs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .convert import convert
+from .modules import FusedGatedMLP
+
+ACTIVATION_MODULES: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "silu": nn.SiLU,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark shape. kind: "chain" (Linear + activation layers, the activation after
+    every layer but the last unless final_activation), "gated" (down(act(gate(x)) * up(x)),
+    sizes = (dim, hidden)), "train" (a chain's forward + backward)."""
+
+    name: str
+    description: str
+    kind: str
+    rows: int
+    sizes: tuple[int, ...]
+    activation: str
+    quick_rows: int
+    quick_sizes: tuple[int, ...]
+    final_activation: bool = False
+    gemm_bound: bool = False  # report GFLOP/s as a fraction of the machine's peak
+
+    def shape(self, quick: bool) -> tuple[int, tuple[int, ...]]:
+        return (self.quick_rows, self.quick_sizes) if quick else (self.rows, self.sizes)
+
+
+CASES: list[Case] = [
+    Case("study_linear", "study: Linear+GELU(tanh), 64x128 tokens, 768 -> 3072", "chain",
+         8192, (768, 3072), "gelu_tanh", 8, (16, 24), final_activation=True, gemm_bound=True),
+    Case("study_gated", "study: GeGLU block, 64x128 tokens, 768 -> 3072 -> 768", "gated",
+         8192, (768, 3072), "gelu_tanh", 8, (16, 24), gemm_bound=True),
+    Case("gated_1024", "GeGLU block, 1024 tokens, 768 -> 3072 -> 768", "gated",
+         1024, (768, 3072), "gelu_tanh", 4, (8, 40), gemm_bound=True),
+    Case("large_gemm", "large GEMM: Linear+GELU 4096 x 1024 -> 4096", "chain",
+         4096, (1024, 4096), "gelu", 5, (33, 17), final_activation=True, gemm_bound=True),
+    Case("small_batch", "small-batch inference: 16 x (256->256->256->256) ReLU", "chain",
+         16, (256, 256, 256, 256), "relu", 2, (8, 8, 8, 8)),
+    Case("single_token", "one token: Linear+GELU(tanh) 1 x 768 -> 3072", "chain",
+         1, (768, 3072), "gelu_tanh", 1, (8, 16), final_activation=True),
+    Case("narrow_tall", "narrow and tall: 65536 x (64->128->128->64) ReLU", "chain",
+         65536, (64, 128, 128, 64), "relu", 100, (4, 8, 8, 4)),
+    Case("train_step", "training step fwd+bwd: 256 x (512->512->512->512) ReLU", "train",
+         256, (512, 512, 512, 512), "relu", 6, (8, 12, 8, 4)),
+]
+
+
+def forward_flops(case: Case, rows: int, sizes: tuple[int, ...]) -> int:
+    if case.kind == "gated":
+        dim, hidden = sizes
+        return 2 * rows * 3 * dim * hidden
+    flops = sum(2 * rows * a * b for a, b in zip(sizes[:-1], sizes[1:]))
+    # a backward pass costs two GEMMs (dX, dW) per forward GEMM
+    return 3 * flops if case.kind == "train" else flops
+
+
+class GatedBlock(nn.Module):
+    """The eager GeGLU / SwiGLU block: down_proj(act(gate_proj(x)) * up_proj(x))."""
+
+    def __init__(self, dim: int, hidden: int, activation: str) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.act = ACTIVATION_MODULES[activation]()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def eager_chain(sizes: tuple[int, ...], activation: str, final_activation: bool) -> nn.Module:
+    layers: list[nn.Module] = []
+    for index, (size_in, size_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(size_in, size_out))
+        if final_activation or index < len(sizes) - 2:
+            layers.append(ACTIVATION_MODULES[activation]())
+    return nn.Sequential(*layers)
+
+
+def build_modules(
+    case: Case, sizes: tuple[int, ...], device: str, dtype: torch.dtype
+) -> tuple[nn.Module, nn.Module]:
+    """(eager, fused), the fused one sharing the eager one's parameters where it can."""
+    torch.manual_seed(0)
+    if case.kind == "gated":
+        eager = GatedBlock(*sizes, case.activation).to(device, dtype)
+        fused = FusedGatedMLP(*sizes, activation=case.activation, bias=False)
+        fused = fused.to(device, dtype)
+        fused.load_state_dict(eager.state_dict())
+        return eager, fused
+    eager = eager_chain(sizes, case.activation, case.final_activation).to(device, dtype)
+    return eager, convert(eager)
+
+
+def make_input(case: Case, rows: int, sizes: tuple[int, ...], device: str,
+               dtype: torch.dtype) -> Tensor:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(rows, sizes[0], generator=generator).to(device, dtype)
+
+
+def inference_call(module: Callable[[Tensor], Tensor], x: Tensor) -> Callable[[], Tensor]:
+    def call() -> Tensor:
+        with torch.no_grad():
+            return module(x)
+
+    return call
+
+
+def training_call(
+    module: Callable[[Tensor], Tensor], parameters: list[nn.Parameter], x: Tensor
+) -> Callable[[], None]:
+    def call() -> None:
+        for parameter in parameters:
+            parameter.grad = None
+        module(x).sum().backward()
+
+    return call

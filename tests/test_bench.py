@@ -1,0 +1,46 @@
+"""`python -m fusedmlp.bench --quick` runs every case in every variant and writes its JSON and
+PNG. Speed itself is never asserted here: the numbers are the benchmark's business."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fusedmlp.bench_cases import CASES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    command = [sys.executable, "-m", "fusedmlp.bench", "--quick", "--min-run-time", "0.01",
+               "--out", str(out), *extra]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_quick_sweep_writes_every_case(tmp_path: Path) -> None:
+    result = run_bench(tmp_path)
+    document = json.loads((tmp_path / "bench.json").read_text())
+    names = [case["name"] for case in document["cases"]]
+    assert names == [case.name for case in CASES]
+    for case in document["cases"]:
+        assert set(case["median_s"]) == {"eager", "compile", "fused"}
+        assert all(seconds > 0 for seconds in case["median_s"].values())
+        assert case["ratio_vs_eager"] > 0 and case["ratio_vs_compile"] > 0
+    assert document["machine"]["cpu_isa"] in {"avx512", "avx2", "portable"}
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for case in CASES:  # the table names every case, and progress went to stderr
+        assert case.name in result.stdout
+        assert f"{case.name}: round" in result.stderr
+
+
+def test_case_subset_without_compile(tmp_path: Path) -> None:
+    run_bench(tmp_path, "--cases", "small_batch,train_step", "--no-compile")
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert [case["name"] for case in document["cases"]] == ["small_batch", "train_step"]
+    assert all(set(case["median_s"]) == {"eager", "fused"} for case in document["cases"])
