@@ -185,8 +185,15 @@ def test_torch_compile_fullgraph(dynamic, generator):
         torch.testing.assert_close(got, want)
 
 
-def test_profiler_shows_the_op(generator):
-    block = fusedmlp.FusedGatedMLP(8, 24)
-    with torch.profiler.profile() as prof, torch.no_grad():
-        block(torch.randn(4, 8, generator=generator))
-    assert "fusedmlp::gated_mlp" in {event.name for event in prof.events()}
+@pytest.mark.parametrize("train", [False, True])
+def test_profiler_shows_the_op_and_its_stages(train, generator):
+    block = fusedmlp.FusedGatedMLP(8, 24, bias=True)
+    x = torch.randn(5, 8, generator=generator)
+    expected = block(x)  # unprofiled: one call through the whole block
+    with torch.profiler.profile() as prof, torch.set_grad_enabled(train):
+        y = block(x)
+    names = {event.name for event in prof.events()}
+    op = "fusedmlp::gated_mlp_train" if train else "fusedmlp::gated_mlp"
+    assert op in names
+    assert {"fusedmlp.gated_mlp.gate_up", "fusedmlp.gated_mlp.down"} <= names
+    torch.testing.assert_close(y, expected)

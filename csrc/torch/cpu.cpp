@@ -121,7 +121,12 @@ struct CpuBackend {
                      bu = compute_bias(bias_up, compute), bd = compute_bias(bias_down, compute);
     at::Tensor y = at::empty({rows, out_dim}, options);
     at::Tensor saved = at::empty({save ? 3 : 0, rows, hidden}, options);
-    const fmlp_cpu_gated_args args = {
+    // Under a profiler the block runs in two labelled stages (gate and up with their
+    // product, then down); otherwise row blocks run through all of it in one call.
+    const bool staged = at::hasCallbacks();
+    const at::Tensor product =
+        save ? saved[2] : (staged ? at::empty({rows, hidden}, options) : at::Tensor());
+    fmlp_cpu_gated_args args = {
         .dtype = kernel_dtype(compute),
         .rows = rows,
         .dim = x.size(1),
@@ -139,10 +144,43 @@ struct CpuBackend {
         .y_row_stride = y.stride(0),
         .saved_gate = save ? saved[0].data_ptr() : nullptr,
         .saved_up = save ? saved[1].data_ptr() : nullptr,
-        .saved_product = save ? saved[2].data_ptr() : nullptr,
+        .saved_product = product.defined() ? product.data_ptr() : nullptr,
     };
     const fmlp_threading threading = aten_threading();
-    check_status(fmlp_cpu_gated(&args, &threading), op);
+    if (!staged) {
+      check_status(fmlp_cpu_gated(&args, &threading), op);
+      return {y.to(storage), saved.to(storage)};
+    }
+    {
+      RECORD_FUNCTION(std::string(op) + ".gate_up", std::vector<c10::IValue>());
+      args.out_dim = 0;  // no down projection: stop at the product
+      args.w_down = {nullptr, 0, 1};
+      args.bias_down = nullptr;
+      args.y = nullptr;
+      check_status(fmlp_cpu_gated(&args, &threading), op);
+    }
+    {
+      RECORD_FUNCTION(std::string(op) + ".down", std::vector<c10::IValue>());
+      const int64_t widths[2] = {hidden, out_dim};
+      const fmlp_input down = input_of(wd);
+      const void *down_bias = optional_data(bd);
+      const fmlp_cpu_chain_args down_args = {
+          .dtype = kernel_dtype(compute),
+          .rows = rows,
+          .n_layers = 1,
+          .widths = widths,
+          .x = input_of(product),
+          .weights = &down,
+          .biases = &down_bias,
+          .hidden_activation = FMLP_ACT_NONE,
+          .final_activation = FMLP_ACT_NONE,
+          .y = y.data_ptr(),
+          .y_row_stride = y.stride(0),
+          .saved_pre = nullptr,
+          .saved_hidden = nullptr,
+      };
+      check_status(fmlp_cpu_chain(&down_args, &threading), op);
+    }
     return {y.to(storage), saved.to(storage)};
   }
 
