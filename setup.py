@@ -137,13 +137,17 @@ def extension():
         "csrc/torch/autocast.cpp",
         "csrc/torch/cpu.cpp",
     ]
-    cxx_flags = ["-O2"]  # torch adds the C++ standard it was built with
+    # torch adds the C++ standard it was built with. at::parallel_for is an inline OpenMP
+    # region: without -fopenmp it silently runs on one thread. The libgomp this links is
+    # the one torch has already loaded (same soname), so there is one OpenMP runtime.
+    cxx_flags = ["-O2", "-fopenmp"]
     if not want_cuda():
         return CppExtension(
             "fusedmlp._C",
             torch_sources,
             include_dirs=[str(ROOT / "csrc" / "include")],
             extra_compile_args={"cxx": cxx_flags},
+            extra_link_args=["-fopenmp"],
             depends=kernel_files(),
         )
     include_dir, lib_dir, lib_file = cublaslt_location()
@@ -155,7 +159,7 @@ def extension():
         include_dirs=[str(ROOT / "csrc" / "include"), include_dir],
         library_dirs=[lib_dir],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", f"-I{include_dir}"]},
-        extra_link_args=[f"-l:{lib_file}"],
+        extra_link_args=[f"-l:{lib_file}", "-fopenmp"],
         depends=kernel_files(),
     )
 

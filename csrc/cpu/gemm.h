@@ -442,6 +442,7 @@ static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w
                           const REAL *bias, fmlp_activation activation, REAL *c, int64_t ldc,
                           REAL *pre, int64_t pre_stride, REAL *input_pack) {
   const int64_t n = w->n, k = w->k;
+  if (n == 0 || rows == 0) return; /* an empty weight is never packed: nothing to read */
   if (k == 0) {
     FN(fill_empty_product)(rows, n, bias, activation, c, ldc, pre, pre_stride);
     return;

@@ -211,6 +211,39 @@ static void test_gated(tally *t, fmlp_dtype dtype, int64_t m, int64_t dim, int64
   free(b_data), free(wd_data), free(wu_data), free(wg_data), free(x_data);
 }
 
+/* With no down projection (out_dim 0) the gated call stops at the product, which
+ * must equal the product a full call saves. */
+static void test_gated_product_stage(tally *t, int64_t m, const fmlp_threading *threading) {
+  /* gate and up weights past the cache-resident limit: one block per thread */
+  const int64_t dim = 1024, hidden = 2100;
+  fmlp_input x, wg, wu, wd;
+  void *x_data = make_matrix(FMLP_F32, m, dim, 0, 50, &x);
+  void *wg_data = make_matrix(FMLP_F32, hidden, dim, 0, 51, &wg);
+  void *wu_data = make_matrix(FMLP_F32, hidden, dim, 0, 52, &wu);
+  void *wd_data = make_matrix(FMLP_F32, dim, hidden, 0, 53, &wd);
+  float *y = calloc((size_t)(m * dim + 1), sizeof(float));
+  float *full = calloc((size_t)(m * hidden + 1), sizeof(float));
+  float *staged = calloc((size_t)(m * hidden + 1), sizeof(float));
+  fmlp_cpu_gated_args args = {
+      .dtype = FMLP_F32, .rows = m, .dim = dim, .hidden = hidden, .out_dim = dim, .x = x,
+      .w_gate = wg, .w_up = wu, .w_down = wd, .activation = FMLP_ACT_SILU, .y = y,
+      .y_row_stride = dim, .saved_product = full};
+  fmlp_status status = fmlp_cpu_gated(&args, threading);
+  args.out_dim = 0;
+  args.w_down = (fmlp_input){NULL, 0, 1};
+  args.y = NULL;
+  args.saved_product = staged;
+  if (status == FMLP_OK) status = fmlp_cpu_gated(&args, threading);
+  const int before = t->failed;
+  if (status != FMLP_OK) t->failed++;
+  for (int64_t i = 0; i < m * hidden && status == FMLP_OK; ++i) {
+    check_close(t, "gated product stage", staged[i], full[i], 0);
+  }
+  if (t->failed == before) t->passed++;
+  free(staged), free(full), free(y);
+  free(wd_data), free(wu_data), free(wg_data), free(x_data);
+}
+
 /* act'(z) from the backward kernel vs a central difference of the reference. */
 static void test_activation_backward(tally *t, fmlp_dtype dtype, fmlp_activation act) {
   enum { n = 4099 };
@@ -279,6 +312,7 @@ int main(void) {
     test_linear(&t, (fmlp_dtype)dtype, 0, 5, 7, FMLP_ACT_RELU, 1, 0, &serial);
     test_chain_matches_layers(&t, (fmlp_dtype)dtype, 300, &chunked);
   }
+  for (int64_t rows = 1; rows <= 65; rows += 64) test_gated_product_stage(&t, rows, &serial);
   test_invalid_arguments(&t);
   printf("%d passed, %d failed\n", t.passed, t.failed);
   return t.failed == 0 ? 0 : 1;
