@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import fusedmlp._C
 import pytest
 import torch
-
-import fusedmlp._C
 
 
 @pytest.mark.skipif(
