@@ -30,7 +30,7 @@ GATED_DIM, GATED_HIDDEN, GATED_SEQ = 768, 3072, 128
 # variants' speed sets most of that time, so re-check it when the CPU kernels change.
 DEFAULT_TOKENS = {
     "cuda": {"linear": 1024, "mlp": 8192, "gated": 64 * GATED_SEQ},
-    "cpu": {"linear": 1024, "mlp": 2048, "gated": 24 * GATED_SEQ},
+    "cpu": {"linear": 1024, "mlp": 2048, "gated": 64 * GATED_SEQ},
 }
 
 
