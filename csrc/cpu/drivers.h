@@ -86,7 +86,7 @@ static void FN(chain_task)(void *context, int64_t begin, int64_t end) {
   FN(chain_job) *job = context;
   const fmlp_cpu_chain_args *a = job->args;
   REAL *input_pack = fmlp_alloc_scratch(job->input_pack_elems, sizeof(REAL));
-  REAL *ping_pong_data = fmlp_alloc_scratch(2 * job->block_rows * job->max_hidden, sizeof(REAL));
+  REAL *ping_pong_data = fmlp_alloc_matrices(2, job->block_rows, job->max_hidden, sizeof(REAL));
   if (input_pack == NULL || ping_pong_data == NULL) {
     atomic_store(&job->status, FMLP_ERR_OUT_OF_MEMORY);
   } else {
@@ -185,7 +185,7 @@ static void FN(gated_task)(void *context, int64_t begin, int64_t end) {
   FN(gated_job) *job = context;
   const fmlp_cpu_gated_args *a = job->args;
   REAL *input_pack = fmlp_alloc_scratch(job->input_pack_elems, sizeof(REAL));
-  REAL *scratch = fmlp_alloc_scratch(3 * job->block_rows * a->hidden, sizeof(REAL));
+  REAL *scratch = fmlp_alloc_matrices(3, job->block_rows, a->hidden, sizeof(REAL));
   if (input_pack == NULL || scratch == NULL) {
     atomic_store(&job->status, FMLP_ERR_OUT_OF_MEMORY);
   } else {

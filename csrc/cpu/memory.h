@@ -30,4 +30,14 @@ static inline void *fmlp_alloc_scratch(int64_t count, int64_t elem_size) {
   return aligned_alloc(64, (size_t)bytes);
 }
 
+/* Scratch for `matrices` matrices of rows x cols elements; NULL on overflow. */
+static inline void *fmlp_alloc_matrices(int64_t matrices, int64_t rows, int64_t cols,
+                                        int64_t elem_size) {
+  int64_t count;
+  if (!fmlp_checked_mul(matrices, rows, &count) || !fmlp_checked_mul(count, cols, &count)) {
+    return NULL;
+  }
+  return fmlp_alloc_scratch(count, elem_size);
+}
+
 #endif /* FUSEDMLP_CPU_MEMORY_H */
