@@ -47,18 +47,64 @@ static REAL *FN(rows_at)(void *base, int64_t row, int64_t stride) {
   return base == NULL ? NULL : (REAL *)base + row * stride;
 }
 
+/* ---- row blocks as tasks ---- */
+
+/* An op's row blocks: each task allocates its scratch once (an input pack and
+ * scratch_matrices matrices of block_rows x scratch_cols) and runs its blocks
+ * through run_block. */
+typedef struct {
+  int64_t rows, block_rows, input_pack_elems, scratch_matrices, scratch_cols;
+  void (*run_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack, REAL *scratch);
+  const void *op;
+  atomic_int status;
+} FN(row_blocks);
+
+static void FN(row_block_task)(void *context, int64_t begin, int64_t end) {
+  FN(row_blocks) *blocks = context;
+  REAL *input_pack = fmlp_alloc_scratch(blocks->input_pack_elems, sizeof(REAL));
+  REAL *scratch = fmlp_alloc_matrices(blocks->scratch_matrices, blocks->block_rows,
+                                      blocks->scratch_cols, sizeof(REAL));
+  if (input_pack == NULL || scratch == NULL) {
+    atomic_store(&blocks->status, FMLP_ERR_OUT_OF_MEMORY);
+  } else {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t r0 = block * blocks->block_rows;
+      const int64_t left = blocks->rows - r0;
+      blocks->run_block(blocks->op, r0, left < blocks->block_rows ? left : blocks->block_rows,
+                        input_pack, scratch);
+    }
+  }
+  free(scratch);
+  free(input_pack);
+}
+
+/* Runs every block, on threads when rows x weight_elems multiply-adds pay for it. */
+static fmlp_status FN(run_row_blocks)(FN(row_blocks) *blocks, int64_t weight_elems,
+                                      const fmlp_threading *threading) {
+  if (blocks->input_pack_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
+  atomic_init(&blocks->status, FMLP_OK);
+  int64_t multiply_adds = INT64_MAX;
+  if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
+  FN(run_tasks)(FN(threading_for)(threading, multiply_adds, PARALLEL_MIN_MULTIPLY_ADDS),
+                (blocks->rows + blocks->block_rows - 1) / blocks->block_rows, blocks,
+                FN(row_block_task));
+  return (fmlp_status)atomic_load(&blocks->status);
+}
+
 /* ---- layer chains: Linear (one layer) and MLP ---- */
 
 typedef struct {
   const fmlp_cpu_chain_args *args;
   const FN(packed_weight) *packed;
-  int64_t block_rows, max_hidden, input_pack_elems;
-  atomic_int status;
+  int64_t block_rows, max_hidden;
 } FN(chain_job);
 
-static void FN(chain_block)(const FN(chain_job) *job, int64_t r0, int64_t rows, REAL *input_pack,
-                            REAL *ping_pong[2]) {
+/* scratch: two block_rows x max_hidden matrices the hidden layers ping-pong through */
+static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack,
+                            REAL *scratch) {
+  const FN(chain_job) *job = op;
   const fmlp_cpu_chain_args *a = job->args;
+  REAL *ping_pong[2] = {scratch, scratch + job->block_rows * job->max_hidden};
   fmlp_input in = {(const REAL *)a->x.data + r0 * a->x.row_stride, a->x.row_stride,
                    a->x.col_stride};
   for (int64_t l = 0; l < a->n_layers; ++l) {
@@ -82,25 +128,6 @@ static void FN(chain_block)(const FN(chain_job) *job, int64_t r0, int64_t rows, 
   }
 }
 
-static void FN(chain_task)(void *context, int64_t begin, int64_t end) {
-  FN(chain_job) *job = context;
-  const fmlp_cpu_chain_args *a = job->args;
-  REAL *input_pack = fmlp_alloc_scratch(job->input_pack_elems, sizeof(REAL));
-  REAL *ping_pong_data = fmlp_alloc_matrices(2, job->block_rows, job->max_hidden, sizeof(REAL));
-  if (input_pack == NULL || ping_pong_data == NULL) {
-    atomic_store(&job->status, FMLP_ERR_OUT_OF_MEMORY);
-  } else {
-    REAL *ping_pong[2] = {ping_pong_data, ping_pong_data + job->block_rows * job->max_hidden};
-    for (int64_t block = begin; block < end; ++block) {
-      const int64_t r0 = block * job->block_rows;
-      const int64_t rows = a->rows - r0 < job->block_rows ? a->rows - r0 : job->block_rows;
-      FN(chain_block)(job, r0, rows, input_pack, ping_pong);
-    }
-  }
-  free(ping_pong_data);
-  free(input_pack);
-}
-
 fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threading *threading) {
   if (a->rows == 0) return FMLP_OK;
   FN(packed_weight) *packed = calloc((size_t)a->n_layers, sizeof(*packed));
@@ -115,20 +142,16 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
     if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
     if (a->widths[l] > max_k) max_k = a->widths[l];
   }
-  FN(chain_job) job = {.args = a, .packed = packed, .max_hidden = max_hidden};
   if (status == FMLP_OK) {
-    job.block_rows = FN(choose_block_rows)(a->rows, threading ? threading->n_threads : 1,
-                                           weight_elems, row_elems);
-    job.input_pack_elems = FN(input_pack_elems)(job.block_rows, max_k);
-    if (job.input_pack_elems < 0) status = FMLP_ERR_SIZE_OVERFLOW;
-  }
-  if (status == FMLP_OK) {
-    atomic_init(&job.status, FMLP_OK);
-    int64_t multiply_adds = INT64_MAX;
-    if (!fmlp_checked_mul(a->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
-    FN(run_tasks)(FN(threading_for)(threading, multiply_adds, PARALLEL_MIN_MULTIPLY_ADDS),
-                  (a->rows + job.block_rows - 1) / job.block_rows, &job, FN(chain_task));
-    status = (fmlp_status)atomic_load(&job.status);
+    const int64_t block_rows = FN(choose_block_rows)(
+        a->rows, threading ? threading->n_threads : 1, weight_elems, row_elems);
+    const FN(chain_job) job = {a, packed, block_rows, max_hidden};
+    FN(row_blocks) blocks = {
+        .rows = a->rows, .block_rows = block_rows,
+        .input_pack_elems = FN(input_pack_elems)(block_rows, max_k),
+        .scratch_matrices = 2, .scratch_cols = max_hidden,
+        .run_block = FN(chain_block), .op = &job};
+    status = FN(run_row_blocks)(&blocks, weight_elems, threading);
   }
   FN(free_packed)(packed, a->n_layers);
   free(packed);
@@ -140,8 +163,7 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
 typedef struct {
   const fmlp_cpu_gated_args *args;
   FN(packed_weight) gate, up, down;
-  int64_t block_rows, input_pack_elems;
-  atomic_int status;
+  int64_t block_rows;
 } FN(gated_job);
 
 /* product = act(gate) * up, one row of n values */
@@ -152,8 +174,10 @@ static void FN(gate_product_row)(const REAL *gate, const REAL *up, int64_t n,
   for (int64_t j = 0; j < n; ++j) product[j] *= up[j];
 }
 
-static void FN(gated_block)(const FN(gated_job) *job, int64_t r0, int64_t rows,
-                            REAL *input_pack, REAL *scratch) {
+/* scratch: three block_rows x hidden matrices (gate, up, product) unless saved */
+static void FN(gated_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack,
+                            REAL *scratch) {
+  const FN(gated_job) *job = op;
   const fmlp_cpu_gated_args *a = job->args;
   const int64_t h = a->hidden, stride = job->block_rows * h;
   REAL *gate = a->saved_gate != NULL ? FN(rows_at)(a->saved_gate, r0, h) : scratch;
@@ -181,24 +205,6 @@ static void FN(gated_block)(const FN(gated_job) *job, int64_t r0, int64_t rows,
                 FN(rows_at)(a->y, r0, a->y_row_stride), a->y_row_stride, NULL, 0, input_pack);
 }
 
-static void FN(gated_task)(void *context, int64_t begin, int64_t end) {
-  FN(gated_job) *job = context;
-  const fmlp_cpu_gated_args *a = job->args;
-  REAL *input_pack = fmlp_alloc_scratch(job->input_pack_elems, sizeof(REAL));
-  REAL *scratch = fmlp_alloc_matrices(3, job->block_rows, a->hidden, sizeof(REAL));
-  if (input_pack == NULL || scratch == NULL) {
-    atomic_store(&job->status, FMLP_ERR_OUT_OF_MEMORY);
-  } else {
-    for (int64_t block = begin; block < end; ++block) {
-      const int64_t r0 = block * job->block_rows;
-      const int64_t rows = a->rows - r0 < job->block_rows ? a->rows - r0 : job->block_rows;
-      FN(gated_block)(job, r0, rows, input_pack, scratch);
-    }
-  }
-  free(scratch);
-  free(input_pack);
-}
-
 fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threading *threading) {
   if (a->rows == 0) return FMLP_OK;
   FN(gated_job) job = {.args = a};
@@ -214,17 +220,13 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   if (status == FMLP_OK) {
     job.block_rows = FN(choose_block_rows)(a->rows, threading ? threading->n_threads : 1,
                                            weight_elems, a->dim + 3 * a->hidden + a->out_dim);
-    job.input_pack_elems =
-        FN(input_pack_elems)(job.block_rows, a->dim > a->hidden ? a->dim : a->hidden);
-    if (job.input_pack_elems < 0) status = FMLP_ERR_SIZE_OVERFLOW;
-  }
-  if (status == FMLP_OK) {
-    atomic_init(&job.status, FMLP_OK);
-    int64_t multiply_adds = INT64_MAX;
-    if (!fmlp_checked_mul(a->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
-    FN(run_tasks)(FN(threading_for)(threading, multiply_adds, PARALLEL_MIN_MULTIPLY_ADDS),
-                  (a->rows + job.block_rows - 1) / job.block_rows, &job, FN(gated_task));
-    status = (fmlp_status)atomic_load(&job.status);
+    FN(row_blocks) blocks = {
+        .rows = a->rows, .block_rows = job.block_rows,
+        .input_pack_elems =
+            FN(input_pack_elems)(job.block_rows, a->dim > a->hidden ? a->dim : a->hidden),
+        .scratch_matrices = 3, .scratch_cols = a->hidden,
+        .run_block = FN(gated_block), .op = &job};
+    status = FN(run_row_blocks)(&blocks, weight_elems, threading);
   }
   free(job.gate.data);
   free(job.up.data);
