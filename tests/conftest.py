@@ -69,5 +69,35 @@ def make_weights(
 
 
 @pytest.fixture
+def restore_num_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def assert_compiled_matches(
+    model: nn.Module,
+    in_features: int,
+    rows: tuple[int, ...],
+    dynamic: bool,
+    generator: torch.Generator,
+) -> None:
+    """torch.compile(fullgraph=True) of model gives its eager outputs for each row count,
+    and the same parameter gradients."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
+    for count in rows:
+        x = torch.randn(count, in_features, generator=generator)
+        torch.testing.assert_close(compiled(x), model(x))
+    x = torch.randn(rows[0] + 1, in_features, generator=generator)
+    compiled(x).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for got, want in zip(grads, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.fixture
 def generator() -> torch.Generator:
     return torch.Generator().manual_seed(1234)

@@ -7,7 +7,13 @@ import fusedmlp
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ACTIVATIONS, DEVICE_DTYPES, DEVICES, assert_matches_reference
+from conftest import (
+    ACTIVATIONS,
+    DEVICE_DTYPES,
+    DEVICES,
+    assert_compiled_matches,
+    assert_matches_reference,
+)
 from torch import nn
 from torch.library import opcheck
 
@@ -170,19 +176,8 @@ def test_module_defaults():
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_torch_compile_fullgraph(dynamic, generator):
-    torch._dynamo.reset()
     block = fusedmlp.FusedGatedMLP(8, 24, activation="silu")
-    compiled = torch.compile(block, fullgraph=True, dynamic=dynamic)
-    for rows in (3, 7):
-        x = torch.randn(rows, 8, generator=generator)
-        torch.testing.assert_close(compiled(x), block(x))
-    x = torch.randn(4, 8, generator=generator)
-    compiled(x).sum().backward()
-    grads = [p.grad.clone() for p in block.parameters()]
-    block.zero_grad()
-    block(x).sum().backward()
-    for got, want in zip(grads, [p.grad for p in block.parameters()]):
-        torch.testing.assert_close(got, want)
+    assert_compiled_matches(block, 8, (3, 7), dynamic, generator)
 
 
 @pytest.mark.parametrize("train", [False, True])

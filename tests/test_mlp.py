@@ -9,6 +9,7 @@ from conftest import (
     ACTIVATIONS,
     DEVICE_DTYPES,
     DEVICES,
+    assert_compiled_matches,
     assert_matches_reference,
     make_weights,
     reference_activation,
@@ -178,19 +179,8 @@ def test_from_sequential_shares_parameters_and_trains_the_same(generator):
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_torch_compile_fullgraph(dynamic, generator):
-    torch._dynamo.reset()
     model = fusedmlp.FusedMLP([8, 16, 16, 4], activation="silu")
-    compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
-    for rows in (3, 6):
-        x = torch.randn(rows, 8, generator=generator)
-        torch.testing.assert_close(compiled(x), model(x))
-    x = torch.randn(5, 8, generator=generator)
-    compiled(x).sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    model(x).sum().backward()
-    for got, want in zip(grads, [p.grad for p in model.parameters()]):
-        torch.testing.assert_close(got, want)
+    assert_compiled_matches(model, 8, (3, 6), dynamic, generator)
 
 
 def test_profiler_labels_each_layer(generator):

@@ -85,13 +85,6 @@ def make_steps(dtype: torch.dtype) -> list[Callable[[], Tensor]]:
     return [wrap(step) for step in (linear, mlp, gated, fused_module, inference)]
 
 
-@pytest.fixture
-def restore_num_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.usefixtures("restore_num_threads")
 @pytest.mark.parametrize(
     ("dtype", "calls", "threads"), [(torch.float32, CALLS, 1), (torch.bfloat16, 2_000, None)]

@@ -143,13 +143,6 @@ def test_concurrent_calls_match_serial(device: str) -> None:
         assert_same(actual, expected[name], name, exact=True)
 
 
-@pytest.fixture
-def restore_num_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.usefixtures("restore_num_threads")
 def test_results_independent_of_num_threads() -> None:
     cases = make_cases("cpu")

@@ -240,14 +240,6 @@ void fmlp_cuda_plan_cache_destroy(fmlp_cuda_plan_cache *cache) {
   free(cache);
 }
 
-int64_t fmlp_cuda_plan_cache_size(fmlp_cuda_plan_cache *cache) {
-  pthread_mutex_lock(&cache->lock);
-  int64_t count = 0;
-  for (const Plan &plan : cache->plans) count += plan.in_use ? 1 : 0;
-  pthread_mutex_unlock(&cache->lock);
-  return count;
-}
-
 int64_t fmlp_cuda_workspace_bytes(int compute_capability_major) {
   return compute_capability_major >= 9 ? (int64_t)32 << 20 : (int64_t)4 << 20;
 }

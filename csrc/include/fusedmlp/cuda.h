@@ -17,7 +17,6 @@ extern "C" {
 typedef struct fmlp_cuda_plan_cache fmlp_cuda_plan_cache;
 fmlp_status fmlp_cuda_plan_cache_create(fmlp_cuda_plan_cache **cache);
 void fmlp_cuda_plan_cache_destroy(fmlp_cuda_plan_cache *cache);
-int64_t fmlp_cuda_plan_cache_size(fmlp_cuda_plan_cache *cache);
 
 /* Workspace cuBLASLt gets: 32 MiB on Hopper and newer, 4 MiB before. */
 int64_t fmlp_cuda_workspace_bytes(int compute_capability_major);
