@@ -515,6 +515,48 @@ POINTWISE_CASES = [
 ]
 
 
+def _chain_backward(**changes: object) -> object:
+    """fusedmlp::chain_backward on a valid 2-layer ReLU mlp's saved buffer, with `changes`
+    to its arguments."""
+    x, weights = _x(3, 4), [_x(5, 4), _x(2, 5)]
+    y, saved = ops.mlp_train(x, weights, [], "relu")
+    args = {
+        "grad_y": torch.ones_like(y), "x": x, "weights": weights, "saved": saved,
+        "bias": False, "hidden_activation": "relu", "final_activation": "none",
+        "need_grad_x": True,
+    }
+    args.update(changes)
+    return ops.chain_backward(*args.values())
+
+
+CHAIN_BACKWARD_CASES = [
+    Case(
+        f"ops.chain_backward: {case_id}", lambda changes=changes: _chain_backward(**changes),
+        error, match,
+    )
+    for case_id, changes, error, match in [
+        ("grad_y shape", {"grad_y": _x(3, 5)}, RuntimeError,
+         r"grad_y must have the output's shape \[3, 2\], got \[3, 5\]"),
+        ("grad_y dtype", {"grad_y": _x(3, 2, dtype=torch.float64)}, RuntimeError,
+         r"grad_y has dtype Double but x has dtype Float"),
+        ("grad_y on meta", {"grad_y": _x(3, 2, device="meta")}, RuntimeError,
+         r"grad_y is on meta but x is on cpu"),
+        ("saved length", {"saved": _x(29)}, RuntimeError,
+         r"saved must be the 1-D buffer of 30 elements .* got shape \[29\]"),
+        ("saved for other activations", {"final_activation": "gelu"}, RuntimeError,
+         r"saved must be the 1-D buffer of 36 elements"),
+        ("saved dtype", {"saved": _x(30, dtype=torch.bfloat16)}, RuntimeError,
+         r"saved has dtype BFloat16 but x has dtype Float"),
+        ("weight chain", {"weights": [_x(5, 4), _x(2, 6)]}, RuntimeError,
+         r"weight\[1\] has shape \[2, 6\] and expects 6 input features, but its input has 5"),
+        ("unknown activation", {"hidden_activation": "elu"}, ValueError,
+         r"unknown activation 'elu'; " + VALID_NAMES),
+        ("Half x", {"x": _x(3, 4, dtype=torch.float16)}, TypeError,
+         r"x has dtype Half, but on cpu only Float, Double, BFloat16"),
+    ]
+]
+
+
 # ---- modules, convert and non-Tensor arguments ----
 
 MODULE_CASES = [
@@ -678,7 +720,10 @@ MODULE_CASES = [
     ),
 ]
 
-ALL_CASES = LINEAR_CASES + MLP_CASES + GATED_CASES + POINTWISE_CASES + MODULE_CASES
+ALL_CASES = (
+    LINEAR_CASES + MLP_CASES + GATED_CASES + POINTWISE_CASES + CHAIN_BACKWARD_CASES
+    + MODULE_CASES
+)
 
 
 def _still_works() -> None:

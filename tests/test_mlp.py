@@ -82,6 +82,41 @@ def test_gradients_match_pytorch(dtype, activation, n_layers, generator):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+def test_gradients_past_tiles_and_cache_blocks(dtype, activation, generator):
+    """The CPU backward (fusedmlp::chain_backward) on rows and widths past the kernels' tiles
+    and K blocks (1024), from a transposed x, with and without grad for x."""
+    sizes = [70, 1030, 33]
+    weights, biases = make_weights(sizes, dtype, "cpu", bias=True, generator=generator)
+    x = torch.randn(sizes[0], 1100, generator=generator).to(dtype).t()
+    grad_out = torch.randn(1100, sizes[-1], generator=generator).to(dtype)
+    for x_needs_grad in (True, False):
+        params = [x, *weights, *biases]
+        for p in params:
+            p.requires_grad_(p is not x or x_needs_grad)
+        wanted = params if x_needs_grad else params[1:]
+        fused = torch.autograd.grad(fusedmlp.mlp(x, weights, biases, activation), wanted, grad_out)
+        reference = reference_mlp(x, weights, biases, activation)
+        expected = torch.autograd.grad(reference, wanted, grad_out.double())
+        for got, want in zip(fused, expected, strict=True):
+            assert got.dtype == dtype
+            error = (got.double() - want).norm() / want.norm()
+            assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5), error
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("need_grad_x", [True, False])
+def test_opcheck_chain_backward(bias, need_grad_x, generator):
+    weights, biases = make_weights([6, 5, 7], torch.float32, "cpu", bias, generator)
+    x = torch.randn(2, 3, 6, generator=generator)
+    present = [b for b in biases if b is not None]
+    for activation in ACTIVATIONS:
+        y, saved = torch.ops.fusedmlp.mlp_train(x, weights, present, activation)
+        args = (torch.randn_like(y), x, weights, saved, bias, activation, "none", need_grad_x)
+        opcheck(torch.ops.fusedmlp.chain_backward.default, args)
+
+
 def test_gradcheck_float64_plain_op_and_training_op(generator):
     sizes = [4, 6, 5, 3]
     weights, biases = make_weights(sizes, torch.float64, "cpu", bias=True, generator=generator)

@@ -10,6 +10,7 @@
 typedef struct {
   fmlp_status (*chain)(const fmlp_cpu_chain_args *, const fmlp_threading *);
   fmlp_status (*gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
+  fmlp_status (*chain_backward)(const fmlp_cpu_chain_backward_args *, const fmlp_threading *);
   fmlp_status (*activation_backward)(int64_t, const void *, const void *, fmlp_activation,
                                      void *, const fmlp_threading *);
   fmlp_status (*gated_backward)(int64_t, const void *, const void *, const void *,
@@ -17,8 +18,8 @@ typedef struct {
 } precision_kernels;
 
 #define FMLP_PRECISION_KERNELS(suffix)                                                     \
-  {fmlp_cpu_chain_##suffix, fmlp_cpu_gated_##suffix, fmlp_cpu_activation_backward_##suffix, \
-   fmlp_cpu_gated_backward_##suffix}
+  {fmlp_cpu_chain_##suffix, fmlp_cpu_gated_##suffix, fmlp_cpu_chain_backward_##suffix,      \
+   fmlp_cpu_activation_backward_##suffix, fmlp_cpu_gated_backward_##suffix}
 
 static const precision_kernels float_kernels[FMLP_ISA_COUNT] = {
     [FMLP_ISA_PORTABLE] = FMLP_PRECISION_KERNELS(f32_portable),
@@ -69,6 +70,35 @@ static fmlp_status check_chain(const fmlp_cpu_chain_args *a) {
   return status;
 }
 
+static fmlp_status check_chain_backward(const fmlp_cpu_chain_backward_args *a) {
+  if (a == NULL || !valid_dtype(a->dtype) || a->n_layers < 1 || a->widths == NULL ||
+      a->weights == NULL || a->saved_pre == NULL || a->saved_hidden == NULL ||
+      a->grad_weights == NULL || !valid_activation(a->hidden_activation) ||
+      !valid_activation(a->final_activation)) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  fmlp_status status = check_extent(a->x.data, a->rows, a->widths[0]);
+  int64_t max_width = 0, scratch_count;
+  for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
+    const int64_t width = a->widths[l + 1];
+    const int last = l == a->n_layers - 1;
+    const fmlp_activation activation = last ? a->final_activation : a->hidden_activation;
+    status = check_extent(a->weights[l].data, width, a->widths[l]);
+    if (status == FMLP_OK && activation != FMLP_ACT_NONE) {
+      status = check_extent(a->saved_pre[l], a->rows, width);
+    }
+    if (status == FMLP_OK && !last) status = check_extent(a->saved_hidden[l], a->rows, width);
+    if (width > max_width) max_width = width;
+  }
+  /* the scratch: two rows x max_width matrices */
+  if (status == FMLP_OK) status = check_count(a->rows, max_width, &scratch_count);
+  if (status == FMLP_OK) status = check_count(scratch_count, 2, &scratch_count);
+  if (status == FMLP_OK) {
+    status = check_extent(a->grad_y, a->rows, a->widths[a->n_layers]);
+  }
+  return status;
+}
+
 static fmlp_status check_gated(const fmlp_cpu_gated_args *a) {
   if (a == NULL || !valid_dtype(a->dtype) || !valid_activation(a->activation)) {
     return FMLP_ERR_INVALID_ARGUMENT;
@@ -94,6 +124,13 @@ fmlp_status fmlp_cpu_gated(const fmlp_cpu_gated_args *args, const fmlp_threading
   const fmlp_status status = check_gated(args);
   if (status != FMLP_OK) return status;
   return kernels_for(args->dtype)->gated(args, threading);
+}
+
+fmlp_status fmlp_cpu_chain_backward(const fmlp_cpu_chain_backward_args *args,
+                                    const fmlp_threading *threading) {
+  const fmlp_status status = check_chain_backward(args);
+  if (status != FMLP_OK) return status;
+  return kernels_for(args->dtype)->chain_backward(args, threading);
 }
 
 fmlp_status fmlp_cpu_activation_backward(fmlp_dtype dtype, int64_t n, const void *grad_out,

@@ -136,6 +136,23 @@ static void FN(pack_transposed_block)(const REAL *src, int64_t src_stride, int64
 }
 #endif
 
+/* dst[kk * width + i] = src[i * rs + kk * cs] for i < count and kk < k, zero
+ * for count <= i < width: `width` rows of a strided matrix, K-major. Rows that
+ * sit next to each other (rs == 1, the transposed views the backward passes)
+ * are copied `count` values at a time. */
+static void FN(pack_rows_k_major)(const REAL *src, int64_t rs, int64_t cs, int64_t count,
+                                  int64_t width, int64_t k, REAL *dst) {
+  for (int64_t kk = 0; kk < k; ++kk) {
+    REAL *out = dst + kk * width;
+    if (rs == 1) {
+      memcpy(out, src + kk * cs, (size_t)count * sizeof(REAL));
+    } else {
+      for (int64_t i = 0; i < count; ++i) out[i] = src[i * rs + kk * cs];
+    }
+    for (int64_t i = count; i < width; ++i) out[i] = (REAL)0;
+  }
+}
+
 static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
   const FN(packed_weight) *packed = context;
   const int64_t n = packed->n, k = packed->k, n_panels = (n + GEMM_NR - 1) / GEMM_NR;
@@ -157,15 +174,8 @@ static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
       continue;
     }
 #endif
-    for (int64_t jj = 0; jj < GEMM_NR; ++jj) {
-      const int64_t j = p * GEMM_NR + jj;
-      if (j >= n) {
-        for (int64_t kk = 0; kk < k; ++kk) panel[kk * GEMM_NR + jj] = (REAL)0;
-        continue;
-      }
-      const REAL *row = src + j * rs;
-      for (int64_t kk = 0; kk < k; ++kk) panel[kk * GEMM_NR + jj] = row[kk * cs];
-    }
+    const int64_t count = n - p * GEMM_NR < GEMM_NR ? n - p * GEMM_NR : GEMM_NR;
+    FN(pack_rows_k_major)(src + p * GEMM_NR * rs, rs, cs, count, GEMM_NR, k, panel);
   }
 }
 
@@ -205,13 +215,9 @@ static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t k
       continue;
     }
 #endif
-    for (int64_t ii = 0; ii < GEMM_MR; ++ii) {
-      const int64_t i = ir + ii;
-      for (int64_t kk = 0; kk < kc; ++kk) {
-        panel[kk * GEMM_MR + ii] =
-            i < mc ? src[i * x.row_stride + (pc + kk) * x.col_stride] : (REAL)0;
-      }
-    }
+    FN(pack_rows_k_major)(src + ir * x.row_stride + pc * x.col_stride, x.row_stride,
+                          x.col_stride, mc - ir < GEMM_MR ? mc - ir : GEMM_MR, GEMM_MR, kc,
+                          panel);
   }
 }
 
@@ -296,21 +302,6 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
 }
 
 #ifdef FMLP_SIMD_WIDTH
-/* Rows [m0, m0 + count) of x (count <= width), K-major and zero-padded to
- * width: element (m, kk) at dst[kk * width + m]. */
-static void FN(pack_input_transposed)(fmlp_input x, int64_t m0, int64_t count, int64_t width,
-                                      int64_t k, REAL *dst) {
-  const REAL *src = x.data;
-  for (int64_t m = 0; m < width; ++m) {
-    if (m >= count) {
-      for (int64_t kk = 0; kk < k; ++kk) dst[kk * width + m] = (REAL)0;
-      continue;
-    }
-    const REAL *row = src + (m0 + m) * x.row_stride;
-    for (int64_t kk = 0; kk < k; ++kk) dst[kk * width + m] = row[kk * x.col_stride];
-  }
-}
-
 /* gemm_rows for up to DOT_MAX_ROWS unit-stride rows and a weight read in
  * place: dot products along K, then bias, pre-activation and activation per
  * output row segment. */
@@ -358,7 +349,8 @@ static void FN(gemm_rows_unpacked)(fmlp_input x, int64_t rows, const FN(packed_w
     const int64_t count = rows - m0 < GEMM_NR ? rows - m0 : GEMM_NR;
     const int narrow = count <= FMLP_SIMD_WIDTH;
     const int64_t tile_rows = narrow ? TRANSPOSED_NARROW_MR : GEMM_MR;
-    FN(pack_input_transposed)(x, m0, count, narrow ? FMLP_SIMD_WIDTH : GEMM_NR, k, scratch);
+    FN(pack_rows_k_major)((const REAL *)x.data + m0 * x.row_stride, x.row_stride, x.col_stride,
+                          count, narrow ? FMLP_SIMD_WIDTH : GEMM_NR, k, scratch);
     for (int64_t j0 = 0; j0 < n; j0 += tile_rows) {
       const int64_t n_rows = n - j0 < tile_rows ? n - j0 : tile_rows;
       const REAL *w_rows[TRANSPOSED_NARROW_MR];

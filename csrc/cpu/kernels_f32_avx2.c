@@ -6,3 +6,4 @@
 #include "precision_kernels.h"
 #include "real_template.h"
 #include "drivers.h"
+#include "backward.h"

@@ -123,6 +123,23 @@ void check_chain(const char *op, const at::Tensor &x, at::TensorList weights,
   }
 }
 
+void check_chain_backward(const char *op, const at::Tensor &grad_y, const at::Tensor &x,
+                          at::TensorList weights, const at::Tensor &saved,
+                          fmlp_activation hidden, fmlp_activation final_activation,
+                          const std::vector<at::ScalarType> &dtypes) {
+  check_chain(op, x, weights, {}, dtypes);
+  check_same(op, "grad_y", grad_y, x);
+  check_same(op, "saved", saved, x);
+  const std::vector<int64_t> shape = output_shape(x, weights.back().size(0));
+  TORCH_CHECK(grad_y.sizes() == at::IntArrayRef(shape), op, ": grad_y must have the output's shape ",
+              at::IntArrayRef(shape), ", got ", grad_y.sizes());
+  const SavedChainLayout layout =
+      saved_chain_layout(leading_rows(x), chain_widths(x, weights), hidden, final_activation);
+  TORCH_CHECK(saved.dim() == 1 && saved.size(0) == layout.total, op,
+              ": saved must be the 1-D buffer of ", layout.total,
+              " elements the training op returns for these arguments, got shape ", saved.sizes());
+}
+
 void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
                  const at::Tensor &w_up, const at::Tensor &w_down,
                  const std::optional<at::Tensor> &bias_gate,

@@ -27,6 +27,13 @@ void check_dtype(const char *op, const char *name, const at::Tensor &t,
 // Layer l's bias, if the chain has biases.
 std::optional<at::Tensor> bias_at(at::TensorList biases, size_t layer);
 
+// Validates the backward of a chain: x and weights as check_chain, grad_y of the
+// output's shape, saved of the length saved_chain_layout gives.
+void check_chain_backward(const char *op, const at::Tensor &grad_y, const at::Tensor &x,
+                          at::TensorList weights, const at::Tensor &saved,
+                          fmlp_activation hidden, fmlp_activation final_activation,
+                          const std::vector<at::ScalarType> &dtypes);
+
 void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
                  const at::Tensor &w_up, const at::Tensor &w_down,
                  const std::optional<at::Tensor> &bias_gate,

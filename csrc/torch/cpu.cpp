@@ -211,7 +211,68 @@ struct CpuBackend {
   }
 };
 
+// CPU only: elsewhere the backward is ATen GEMMs around the pointwise ops (ops.py).
+std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_backward(
+    const at::Tensor &grad_y, const at::Tensor &x, at::TensorList weights,
+    const at::Tensor &saved, bool bias, c10::string_view hidden_activation,
+    c10::string_view final_activation, bool need_grad_x) {
+  const char *op = "fusedmlp.chain_backward";
+  const fmlp_activation hidden = parse_activation(hidden_activation),
+                        final_act = parse_activation(final_activation);
+  check_chain_backward(op, grad_y, x, weights, saved, hidden, final_act, CpuBackend::dtypes());
+  const at::ScalarType storage = x.scalar_type(), compute = compute_type(storage);
+  const auto options = x.options().dtype(compute);
+  const at::Tensor x_rows = as_rows(x).to(compute);
+  const at::Tensor grad = as_rows(grad_y).to(compute).contiguous();
+  const at::Tensor saved_compute = saved.to(compute).contiguous();
+  const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
+  const std::vector<int64_t> widths = chain_widths(x, weights);
+  const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_act);
+  std::vector<at::Tensor> w(weights.size()), grad_w(weights.size()), grad_b;
+  std::vector<fmlp_input> w_inputs;
+  std::vector<const void *> pre_data, hidden_data;
+  std::vector<void *> grad_w_data, grad_b_data;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    w[l] = weights[l].to(compute);
+    w_inputs.push_back(input_of(w[l]));
+    pre_data.push_back(offset_data(saved_compute, layout.pre_offset[l]));
+    hidden_data.push_back(offset_data(saved_compute, layout.hidden_offset[l]));
+    grad_w[l] = at::empty({widths[l + 1], widths[l]}, options);
+    grad_w_data.push_back(grad_w[l].data_ptr());
+    if (bias) {
+      grad_b.push_back(at::empty({widths[l + 1]}, options));
+      grad_b_data.push_back(grad_b.back().data_ptr());
+    }
+  }
+  at::Tensor grad_x = at::empty({need_grad_x ? rows : 0, widths[0]}, options);
+  const fmlp_cpu_chain_backward_args args = {
+      .dtype = kernel_dtype(compute),
+      .rows = rows,
+      .n_layers = n_layers,
+      .widths = widths.data(),
+      .x = input_of(x_rows),
+      .weights = w_inputs.data(),
+      .hidden_activation = hidden,
+      .final_activation = final_act,
+      .saved_pre = pre_data.data(),
+      .saved_hidden = hidden_data.data(),
+      .grad_y = grad.data_ptr(),
+      .grad_x = need_grad_x ? grad_x.data_ptr() : nullptr,
+      .grad_weights = grad_w_data.data(),
+      .grad_biases = bias ? grad_b_data.data() : nullptr,
+  };
+  const fmlp_threading threading = aten_threading();
+  check_status(fmlp_cpu_chain_backward(&args, &threading), op);
+  for (auto &t : grad_w) t = t.to(storage);
+  for (auto &t : grad_b) t = t.to(storage);
+  grad_x = need_grad_x ? grad_x.view(x.sizes()).to(storage) : x.new_empty({0});
+  return {grad_x, grad_w, grad_b};
+}
+
 }  // namespace
 }  // namespace fusedmlp
 
-TORCH_LIBRARY_IMPL(fusedmlp, CPU, m) { fusedmlp::OpWrappers<fusedmlp::CpuBackend>::register_kernels(m); }
+TORCH_LIBRARY_IMPL(fusedmlp, CPU, m) {
+  fusedmlp::OpWrappers<fusedmlp::CpuBackend>::register_kernels(m);
+  m.impl("chain_backward", &fusedmlp::chain_backward);
+}

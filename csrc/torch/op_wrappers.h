@@ -97,9 +97,6 @@ struct OpWrappers {
   // The kernels read numel() elements of the backend's compute type from every
   // tensor, so an unsupported dtype (say uint8 or float16 on CPU) would make them
   // read past the end of the buffer: reject it.
-  // The kernels read numel() elements of the backend's compute type from every
-  // tensor, so an unsupported dtype (say uint8 or float16 on CPU) would make them
-  // read past the end of the buffer: reject it.
   static void check_pointwise(const char *op, const at::Tensor &grad, const char *grad_name,
                               std::initializer_list<std::pair<const char *, const at::Tensor *>>
                                   others) {

@@ -248,6 +248,34 @@ def _gated_backward_fake(
     return grad_product.new_empty(grad_product.shape), grad_product.new_empty(grad_product.shape)
 
 
+@torch.library.register_fake("fusedmlp::chain_backward")
+def _chain_backward_fake(
+    grad_y: Tensor,
+    x: Tensor,
+    weights: list[Tensor],
+    saved: Tensor,
+    bias: bool,
+    hidden_activation: str,
+    final_activation: str,
+    need_grad_x: bool,
+) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    op = "fusedmlp.chain_backward"
+    _, expected = _chain_fake(op, x, weights, [], hidden_activation, final_activation)
+    _check_same(op, "grad_y", grad_y, x)
+    _check_same(op, "saved", saved, x)
+    torch._check(
+        grad_y.shape == (*x.shape[:-1], weights[-1].shape[0]),
+        lambda: f"{op}: grad_y must have the output's shape, got {tuple(grad_y.shape)}",
+    )
+    torch._check(
+        saved.shape == expected.shape,
+        lambda: f"{op}: saved must have shape {tuple(expected.shape)}, got {tuple(saved.shape)}",
+    )
+    grad_x = x.new_empty(x.shape if need_grad_x else (0,))
+    grad_biases = [w.new_empty(w.shape[0]) for w in weights] if bias else []
+    return grad_x, [w.new_empty(w.shape) for w in weights], grad_biases
+
+
 # ---- autograd ----
 
 
@@ -262,7 +290,16 @@ def _chain_backward(
     need_grad_x: bool = True,
 ) -> tuple[Tensor | None, list[Tensor], list[Tensor | None]]:
     """Gradients of a chain; grad_x is None when not needed (the first layer's dX GEMM,
-    a sixth of a 3-layer backward, is skipped as eager autograd does)."""
+    a sixth of a 3-layer backward, is skipped as eager autograd does). On CPU one
+    fusedmlp::chain_backward call runs it all through our GEMM core; elsewhere, and for a
+    double backward, ATen GEMMs around fusedmlp::activation_backward."""
+    if x.device.type == "cpu" and not torch.is_grad_enabled():
+        # a chain's biases are all present or all absent
+        grad_x, grad_weights, grad_biases = _ops.chain_backward(
+            grad_y, x, weights, saved, has_bias[0], hidden, final, need_grad_x
+        )
+        biases: list[Tensor | None] = list(grad_biases) or [None] * len(weights)
+        return (grad_x if need_grad_x else None), list(grad_weights), biases
     rows = _rows(x)
     x_rows = x.reshape(rows, x.shape[-1])
     widths = [x.shape[-1]] + [w.shape[0] for w in weights]

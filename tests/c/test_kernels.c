@@ -265,6 +265,135 @@ static void test_activation_backward(tally *t, fmlp_dtype dtype, fmlp_activation
   if (t->failed == before) t->passed++;
 }
 
+static double reference_activation_grad(double z, fmlp_activation activation) {
+  const double s = 1 / (1 + exp(-z));
+  const double inner = 0.79788456080286535588 * (z + 0.044715 * z * z * z);
+  switch (activation) {
+    case FMLP_ACT_RELU: return z <= 0 ? 0 : 1;
+    case FMLP_ACT_GELU:
+      return 0.5 * (1 + erf(z / sqrt(2.0))) + 0.39894228040143267794 * z * exp(-0.5 * z * z);
+    case FMLP_ACT_GELU_TANH:
+      return 0.5 * (1 + tanh(inner)) + 0.5 * z * (1 - tanh(inner) * tanh(inner)) *
+                                           0.79788456080286535588 * (1 + 3 * 0.044715 * z * z);
+    case FMLP_ACT_SILU: return s * (1 + z * (1 - s));
+    default: return 1;
+  }
+}
+
+/* A two-layer chain's gradients: a training fmlp_cpu_chain, then
+ * fmlp_cpu_chain_backward, against the chain rule in double. */
+static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int64_t widths[3],
+                                fmlp_activation hidden, fmlp_activation final, int transposed,
+                                const fmlp_threading *threading) {
+  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  fmlp_input x, w[2], b[2], gy;
+  void *x_data = make_matrix(dtype, m, widths[0], transposed, 20, &x);
+  void *gy_data = make_matrix(dtype, m, widths[2], 0, 21, &gy);
+  void *w_data[2], *b_data[2], *pre[2], *grad_w[2], *grad_b[2];
+  for (int l = 0; l < 2; ++l) {
+    w_data[l] = make_matrix(dtype, widths[l + 1], widths[l], transposed, 22 + l, &w[l]);
+    b_data[l] = make_matrix(dtype, 1, widths[l + 1], 0, 24 + l, &b[l]);
+    pre[l] = malloc((size_t)(m * widths[l + 1] + 1) * elem);
+    grad_w[l] = malloc((size_t)(widths[l + 1] * widths[l] + 1) * elem);
+    grad_b[l] = malloc((size_t)(widths[l + 1] + 1) * elem);
+  }
+  void *h = malloc((size_t)(m * widths[1] + 1) * elem);
+  void *y = malloc((size_t)(m * widths[2] + 1) * elem);
+  void *grad_x = malloc((size_t)(m * widths[0] + 1) * elem);
+  const void *biases[2] = {b_data[0], b_data[1]};
+  void *saved_pre[2] = {pre[0], pre[1]}, *saved_hidden[2] = {h, NULL};
+  const fmlp_cpu_chain_args forward = {
+      .dtype = dtype, .rows = m, .n_layers = 2, .widths = widths, .x = x, .weights = w,
+      .biases = biases, .hidden_activation = hidden, .final_activation = final, .y = y,
+      .y_row_stride = widths[2], .saved_pre = saved_pre, .saved_hidden = saved_hidden};
+  const void *const pre_in[2] = {pre[0], pre[1]}, *const hidden_in[2] = {h, NULL};
+  const fmlp_cpu_chain_backward_args backward = {
+      .dtype = dtype, .rows = m, .n_layers = 2, .widths = widths, .x = x, .weights = w,
+      .hidden_activation = hidden, .final_activation = final, .saved_pre = pre_in,
+      .saved_hidden = hidden_in, .grad_y = gy_data, .grad_x = grad_x, .grad_weights = grad_w,
+      .grad_biases = grad_b};
+  fmlp_status status = fmlp_cpu_chain(&forward, threading);
+  if (status == FMLP_OK) status = fmlp_cpu_chain_backward(&backward, threading);
+  char what[160];
+  snprintf(what, sizeof what, "chain backward dtype=%d m=%lld widths=%lld,%lld,%lld act=%d,%d t=%d",
+           dtype, (long long)m, (long long)widths[0], (long long)widths[1],
+           (long long)widths[2], hidden, final, transposed);
+  if (status != FMLP_OK) {
+    fprintf(stderr, "FAIL %s: status %s\n", what, fmlp_status_string(status));
+    t->failed++;
+  } else {
+    /* the reference: forward in double, then grad_pre per layer from the top */
+    const int64_t n0 = widths[0], n1 = widths[1], n2 = widths[2];
+    double *pre1 = calloc((size_t)(m * n1 + 1), sizeof(double));
+    double *gp2 = calloc((size_t)(m * n2 + 1), sizeof(double));
+    double *gp1 = calloc((size_t)(m * n1 + 1), sizeof(double));
+#define X(i, kk) element(dtype, x_data, (i) * x.row_stride + (kk) * x.col_stride)
+#define W(l, j, kk) element(dtype, w_data[l], (j) * w[l].row_stride + (kk) * w[l].col_stride)
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n1; ++j) {
+        double z = element(dtype, b_data[0], j);
+        for (int64_t kk = 0; kk < n0; ++kk) z += X(i, kk) * W(0, j, kk);
+        pre1[i * n1 + j] = z;
+      }
+      for (int64_t j = 0; j < n2; ++j) {
+        double z = element(dtype, b_data[1], j);
+        for (int64_t kk = 0; kk < n1; ++kk) {
+          z += reference_activation(pre1[i * n1 + kk], hidden) * W(1, j, kk);
+        }
+        gp2[i * n2 + j] = element(dtype, gy_data, i * n2 + j) * reference_activation_grad(z, final);
+      }
+      for (int64_t j = 0; j < n1; ++j) {
+        double g = 0;
+        for (int64_t c = 0; c < n2; ++c) g += gp2[i * n2 + c] * W(1, c, j);
+        gp1[i * n1 + j] = g * reference_activation_grad(pre1[i * n1 + j], hidden);
+      }
+    }
+    const double tol = tolerance(dtype, m + n0 + n1 + n2);
+    const int before = t->failed;
+    const double *gp[2] = {gp1, gp2};
+    for (int l = 0; l < 2; ++l) {
+      for (int64_t j = 0; j < widths[l + 1]; ++j) {
+        double db = 0;
+        for (int64_t i = 0; i < m; ++i) db += gp[l][i * widths[l + 1] + j];
+        check_close(t, what, element(dtype, grad_b[l], j), db, tol);
+        for (int64_t kk = 0; kk < widths[l]; ++kk) {
+          double dw = 0;
+          for (int64_t i = 0; i < m; ++i) {
+            const double below = l == 0 ? X(i, kk) : reference_activation(pre1[i * n1 + kk], hidden);
+            dw += gp[l][i * widths[l + 1] + j] * below;
+          }
+          check_close(t, what, element(dtype, grad_w[l], j * widths[l] + kk), dw, tol);
+        }
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t kk = 0; kk < n0; ++kk) {
+        double gx = 0;
+        for (int64_t j = 0; j < n1; ++j) gx += gp1[i * n1 + j] * W(0, j, kk);
+        check_close(t, what, element(dtype, grad_x, i * n0 + kk), gx, tol);
+      }
+    }
+#undef X
+#undef W
+    if (t->failed == before) t->passed++;
+    free(gp1);
+    free(gp2);
+    free(pre1);
+  }
+  for (int l = 0; l < 2; ++l) {
+    free(w_data[l]);
+    free(b_data[l]);
+    free(pre[l]);
+    free(grad_w[l]);
+    free(grad_b[l]);
+  }
+  free(grad_x);
+  free(y);
+  free(h);
+  free(gy_data);
+  free(x_data);
+}
+
 static void test_invalid_arguments(tally *t) {
   const int64_t widths[2] = {3, 4};
   const fmlp_cpu_chain_args bad_activation = {
@@ -311,6 +440,19 @@ int main(void) {
     }
     test_linear(&t, (fmlp_dtype)dtype, 0, 5, 7, FMLP_ACT_RELU, 1, 0, &serial);
     test_chain_matches_layers(&t, (fmlp_dtype)dtype, 300, &chunked);
+    const int64_t backward_widths[][3] = {{19, 37, 23}, {64, 33, 1}, {5, 70, 48}, {1, 1, 1}};
+    const int64_t backward_rows[] = {1, 13, 64, 65, 300};
+    for (size_t s = 0; s < sizeof backward_rows / sizeof backward_rows[0]; ++s) {
+      for (size_t v = 0; v < sizeof backward_widths / sizeof backward_widths[0]; ++v) {
+        const int act = (int)((s + v) % FMLP_ACT_COUNT);
+        test_chain_backward(&t, (fmlp_dtype)dtype, backward_rows[s], backward_widths[v],
+                            (fmlp_activation)act, (fmlp_activation)((act + 2) % FMLP_ACT_COUNT),
+                            (int)(s % 2), s % 2 ? &serial : &chunked);
+      }
+    }
+    const int64_t empty_rows_widths[3] = {3, 4, 2};
+    test_chain_backward(&t, (fmlp_dtype)dtype, 0, empty_rows_widths, FMLP_ACT_GELU,
+                        FMLP_ACT_NONE, 0, &serial);
   }
   for (int64_t rows = 1; rows <= 65; rows += 64) test_gated_product_stage(&t, rows, &serial);
   test_invalid_arguments(&t);

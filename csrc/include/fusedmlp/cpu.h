@@ -70,6 +70,30 @@ typedef struct {
 
 fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading *threading);
 
+/* The gradients of a chain from what a training call saved: saved_pre[l]
+ * for every layer whose activation is not "none", saved_hidden[l] for every
+ * layer but the last (as fmlp_cpu_chain writes them). Each gradient pointer
+ * may be NULL (not computed); what is computed is written, not accumulated. */
+typedef struct {
+  fmlp_dtype dtype; /* FMLP_F32 or FMLP_F64, shared by every pointer below */
+  int64_t rows;
+  int64_t n_layers;
+  const int64_t *widths;     /* n_layers + 1 sizes, as in fmlp_cpu_chain_args */
+  fmlp_input x;              /* rows x widths[0] */
+  const fmlp_input *weights; /* weights[l]: widths[l+1] x widths[l] */
+  fmlp_activation hidden_activation;
+  fmlp_activation final_activation;
+  const void *const *saved_pre;    /* rows x widths[l+1], contiguous */
+  const void *const *saved_hidden; /* rows x widths[l+1], contiguous */
+  const void *grad_y;              /* rows x widths[n_layers], contiguous */
+  void *grad_x;                    /* rows x widths[0], contiguous */
+  void *const *grad_weights;       /* [l]: widths[l+1] x widths[l], contiguous */
+  void *const *grad_biases;        /* [l]: widths[l+1]; the array itself may be NULL */
+} fmlp_cpu_chain_backward_args;
+
+fmlp_status fmlp_cpu_chain_backward(const fmlp_cpu_chain_backward_args *args,
+                                    const fmlp_threading *threading);
+
 /* The gated block y = down(act(gate(x)) * up(x)). */
 typedef struct {
   fmlp_dtype dtype; /* FMLP_F32 or FMLP_F64 */
