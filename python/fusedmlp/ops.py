@@ -369,6 +369,9 @@ def _refuse_double_backward(op: str, differentiable: bool) -> None:
 
 
 def _save(ctx, x: Tensor, saved: Tensor, weights: list[Tensor], biases: list) -> None:
+    # `saved` never gets a gradient; materialized, it would be a zero-filled tensor its size
+    # on every backward (0.5 ms of a 7 ms training step at 256 x 512 x 3 layers).
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, saved, *weights, *[b for b in biases if b is not None])
     ctx.n_weights = len(weights)
     ctx.has_bias = [b is not None for b in biases]
@@ -379,6 +382,12 @@ def _saved_inputs(ctx) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor | None
     weights, present = rest[: ctx.n_weights], iter(rest[ctx.n_weights :])
     biases = [next(present) if has else None for has in ctx.has_bias]
     return x, saved, weights, biases
+
+
+def _grad_or_zeros(grad_y: Tensor | None, x: Tensor, out_features: int) -> Tensor:
+    """grad_y, or zeros of y's shape where no gradient reached y (grads are not
+    materialized, see _save)."""
+    return x.new_zeros((*x.shape[:-1], out_features)) if grad_y is None else grad_y
 
 
 @dataclass(frozen=True)
@@ -415,7 +424,7 @@ class _ChainOp:
             _save(ctx, x, saved, weights, biases)
             ctx.activation, ctx.recompute = activation, not training
 
-        def backward(ctx, grad_y: Tensor, *_unused):
+        def backward(ctx, grad_y: Tensor | None, *_unused):
             # One layer without activation differentiates only through x and weight.
             _refuse_double_backward(self.name, self.single_layer and ctx.activation == "none")
             x, saved, weights, biases = _saved_inputs(ctx)
@@ -426,7 +435,7 @@ class _ChainOp:
                 weights,
                 ctx.has_bias,
                 saved,
-                grad_y,
+                _grad_or_zeros(grad_y, x, weights[-1].shape[0]),
                 ctx.activation,
                 self.final(ctx.activation),
                 need_grad_x=ctx.needs_input_grad[0],
@@ -458,11 +467,12 @@ def _register_gated() -> None:
         _save(ctx, x, saved, [w_gate, w_up, w_down], [bias_gate, bias_up, bias_down])
         ctx.activation, ctx.recompute = activation, not training
 
-    def backward(ctx, grad_y: Tensor, *_unused):
+    def backward(ctx, grad_y: Tensor | None, *_unused):
         _refuse_double_backward("gated_mlp", False)
         x, saved, weights, biases = _saved_inputs(ctx)
         if ctx.recompute:
             saved = _ops.gated_mlp_train(x, *weights, *biases, ctx.activation)[1]
+        grad_y = _grad_or_zeros(grad_y, x, weights[2].shape[0])
         grads = _gated_backward(
             x, *weights, tuple(ctx.has_bias), saved, grad_y, ctx.activation,
             need_grad_x=ctx.needs_input_grad[0],
