@@ -131,8 +131,9 @@ void check_chain_backward(const char *op, const at::Tensor &grad_y, const at::Te
   check_same(op, "grad_y", grad_y, x);
   check_same(op, "saved", saved, x);
   const std::vector<int64_t> shape = output_shape(x, weights.back().size(0));
-  TORCH_CHECK(grad_y.sizes() == at::IntArrayRef(shape), op, ": grad_y must have the output's shape ",
-              at::IntArrayRef(shape), ", got ", grad_y.sizes());
+  TORCH_CHECK(grad_y.sizes() == at::IntArrayRef(shape), op,
+              ": grad_y must have the output's shape ", at::IntArrayRef(shape), ", got ",
+              grad_y.sizes());
   const SavedChainLayout layout =
       saved_chain_layout(leading_rows(x), chain_widths(x, weights), hidden, final_activation);
   TORCH_CHECK(saved.dim() == 1 && saved.size(0) == layout.total, op,

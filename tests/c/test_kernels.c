@@ -359,7 +359,8 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
         for (int64_t kk = 0; kk < widths[l]; ++kk) {
           double dw = 0;
           for (int64_t i = 0; i < m; ++i) {
-            const double below = l == 0 ? X(i, kk) : reference_activation(pre1[i * n1 + kk], hidden);
+            const double below =
+                l == 0 ? X(i, kk) : reference_activation(pre1[i * n1 + kk], hidden);
             dw += gp[l][i * widths[l + 1] + j] * below;
           }
           check_close(t, what, element(dtype, grad_w[l], j * widths[l] + kk), dw, tol);
