@@ -557,6 +557,42 @@ CHAIN_BACKWARD_CASES = [
 ]
 
 
+def _gated_mlp_backward(**changes: object) -> object:
+    """fusedmlp::gated_mlp_backward on a valid gated block's saved buffer, with `changes`
+    to its arguments."""
+    x, w_gate, w_up, w_down = _x(3, 4), _x(6, 4), _x(6, 4), _x(2, 6)
+    y, saved = ops.gated_mlp_train(x, w_gate, w_up, w_down, None, None, None, "silu")
+    args = {
+        "grad_y": torch.ones_like(y), "x": x, "w_gate": w_gate, "w_up": w_up,
+        "w_down": w_down, "saved": saved, "bias": [False] * 3, "activation": "silu",
+        "need_grad_x": True,
+    }
+    args.update(changes)
+    return ops.gated_mlp_backward(*args.values())
+
+
+GATED_BACKWARD_CASES = [
+    Case(
+        f"ops.gated_mlp_backward: {case_id}",
+        lambda changes=changes: _gated_mlp_backward(**changes), error, match,
+    )
+    for case_id, changes, error, match in [
+        ("grad_y shape", {"grad_y": _x(3, 4)}, RuntimeError,
+         r"grad_y must have the output's shape \[3, 2\], got \[3, 4\]"),
+        ("saved shape", {"saved": _x(3, 3, 5)}, RuntimeError,
+         r"saved must have shape \[3, 3, 6\] \(gate, up, product\), got \[3, 3, 5\]"),
+        ("saved dtype", {"saved": _x(3, 3, 6, dtype=torch.float64)}, RuntimeError,
+         r"saved has dtype Double but x has dtype Float"),
+        ("w_up shape", {"w_up": _x(5, 4)}, RuntimeError,
+         r"w_gate has shape \[6, 4\] but w_up has shape \[5, 4\]"),
+        ("two bias flags", {"bias": [True, False]}, RuntimeError,
+         r"List with 2 elements to a fixed-size array of size 3"),
+        ("unknown activation", {"activation": "tanh"}, ValueError,
+         r"unknown activation 'tanh'; " + VALID_NAMES),
+    ]
+]
+
+
 # ---- modules, convert and non-Tensor arguments ----
 
 MODULE_CASES = [
@@ -722,7 +758,7 @@ MODULE_CASES = [
 
 ALL_CASES = (
     LINEAR_CASES + MLP_CASES + GATED_CASES + POINTWISE_CASES + CHAIN_BACKWARD_CASES
-    + MODULE_CASES
+    + GATED_BACKWARD_CASES + MODULE_CASES
 )
 
 

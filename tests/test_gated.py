@@ -103,6 +103,28 @@ def test_gradients_match_pytorch(dtype, activation, bias, generator):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_gradients_past_tiles_and_cache_blocks(dtype, generator):
+    """The CPU backward (fusedmlp::gated_mlp_backward) on rows and sizes past the kernels'
+    tiles and K blocks (1024), with one bias missing, with and without grad for x."""
+    weights, biases = random_params(70, 1030, dtype, "cpu", True, generator)
+    biases[1] = None
+    x = torch.randn(1100, 70, generator=generator).to(dtype)
+    grad_out = torch.randn(1100, 70, generator=generator).to(dtype)
+    for x_needs_grad in (True, False):
+        params = [x, *weights, biases[0], biases[2]]
+        for p in params:
+            p.requires_grad_(p is not x or x_needs_grad)
+        wanted = params if x_needs_grad else params[1:]
+        fused = torch.autograd.grad(call_fused(x, weights, biases, "silu"), wanted, grad_out)
+        reference = reference_gated(x, weights, biases, "silu")
+        expected = torch.autograd.grad(reference, wanted, grad_out.double())
+        for got, want in zip(fused, expected, strict=True):
+            assert got.dtype == dtype
+            error = (got.double() - want).norm() / want.norm()
+            assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5), error
+
+
 def test_gradcheck_float64(generator):
     weights, biases = random_params(4, 6, torch.float64, "cpu", True, generator)
     x = torch.randn(3, 4, generator=generator, dtype=torch.float64)
@@ -130,6 +152,17 @@ def test_opcheck(device, generator):
                 opcheck(torch.ops.fusedmlp.gated_mlp_train.default, args)
     grad, gate, up = (torch.randn(3, 4, device=device) for _ in range(3))
     opcheck(torch.ops.fusedmlp.gated_backward.default, (grad, gate, up, "silu"))
+
+
+@pytest.mark.parametrize("need_grad_x", [True, False])
+def test_opcheck_gated_mlp_backward(need_grad_x, generator):
+    weights, biases = random_params(5, 7, torch.float32, "cpu", True, generator)
+    x = torch.randn(2, 3, 5, generator=generator)
+    for activation in ACTIVATIONS:
+        y, saved = torch.ops.fusedmlp.gated_mlp_train(x, *weights, *biases, activation)
+        for bias in ([True, False, True], [False] * 3):
+            args = (torch.randn_like(y), x, *weights, saved, bias, activation, need_grad_x)
+            opcheck(torch.ops.fusedmlp.gated_mlp_backward.default, args)
 
 
 def test_bad_inputs():

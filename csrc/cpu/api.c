@@ -11,6 +11,8 @@ typedef struct {
   fmlp_status (*chain)(const fmlp_cpu_chain_args *, const fmlp_threading *);
   fmlp_status (*gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
   fmlp_status (*chain_backward)(const fmlp_cpu_chain_backward_args *, const fmlp_threading *);
+  fmlp_status (*gated_block_backward)(const fmlp_cpu_gated_block_backward_args *,
+                                      const fmlp_threading *);
   fmlp_status (*activation_backward)(int64_t, const void *, const void *, fmlp_activation,
                                      void *, const fmlp_threading *);
   fmlp_status (*gated_backward)(int64_t, const void *, const void *, const void *,
@@ -19,7 +21,8 @@ typedef struct {
 
 #define FMLP_PRECISION_KERNELS(suffix)                                                     \
   {fmlp_cpu_chain_##suffix, fmlp_cpu_gated_##suffix, fmlp_cpu_chain_backward_##suffix,      \
-   fmlp_cpu_activation_backward_##suffix, fmlp_cpu_gated_backward_##suffix}
+   fmlp_cpu_gated_block_backward_##suffix, fmlp_cpu_activation_backward_##suffix,          \
+   fmlp_cpu_gated_backward_##suffix}
 
 static const precision_kernels float_kernels[FMLP_ISA_COUNT] = {
     [FMLP_ISA_PORTABLE] = FMLP_PRECISION_KERNELS(f32_portable),
@@ -114,6 +117,24 @@ static fmlp_status check_gated(const fmlp_cpu_gated_args *a) {
   return status;
 }
 
+static fmlp_status check_gated_block_backward(const fmlp_cpu_gated_block_backward_args *a) {
+  if (a == NULL || !valid_dtype(a->dtype) || !valid_activation(a->activation)) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  fmlp_status status = check_extent(a->x.data, a->rows, a->dim);
+  if (status == FMLP_OK) status = check_extent(a->w_gate.data, a->hidden, a->dim);
+  if (status == FMLP_OK) status = check_extent(a->w_up.data, a->hidden, a->dim);
+  if (status == FMLP_OK) status = check_extent(a->w_down.data, a->out_dim, a->hidden);
+  if (status == FMLP_OK) status = check_extent(a->saved_gate, a->rows, a->hidden);
+  if (status == FMLP_OK) status = check_extent(a->saved_up, a->rows, a->hidden);
+  if (status == FMLP_OK) status = check_extent(a->saved_product, a->rows, a->hidden);
+  if (status == FMLP_OK) status = check_extent(a->grad_y, a->rows, a->out_dim);
+  int64_t scratch_cols, scratch_count; /* the scratch holds two rows x hidden matrices */
+  if (status == FMLP_OK) status = check_count(a->hidden, 2, &scratch_cols);
+  if (status == FMLP_OK) status = check_count(a->rows, scratch_cols, &scratch_count);
+  return status;
+}
+
 fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading *threading) {
   const fmlp_status status = check_chain(args);
   if (status != FMLP_OK) return status;
@@ -131,6 +152,13 @@ fmlp_status fmlp_cpu_chain_backward(const fmlp_cpu_chain_backward_args *args,
   const fmlp_status status = check_chain_backward(args);
   if (status != FMLP_OK) return status;
   return kernels_for(args->dtype)->chain_backward(args, threading);
+}
+
+fmlp_status fmlp_cpu_gated_block_backward(const fmlp_cpu_gated_block_backward_args *args,
+                                          const fmlp_threading *threading) {
+  const fmlp_status status = check_gated_block_backward(args);
+  if (status != FMLP_OK) return status;
+  return kernels_for(args->dtype)->gated_block_backward(args, threading);
 }
 
 fmlp_status fmlp_cpu_activation_backward(fmlp_dtype dtype, int64_t n, const void *grad_out,

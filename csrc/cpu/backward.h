@@ -189,3 +189,70 @@ fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
   free(scratch);
   return status;
 }
+
+/* ---- the gated block's backward ---- */
+
+/* sums[j] = sum over rows of m[r, j], m contiguous; no-op for sums NULL. */
+static fmlp_status FN(column_sums)(const REAL *m, int64_t rows, int64_t width, REAL *sums,
+                                   const fmlp_threading *threading) {
+  const FN(grad_pre_job) job = {.rows = rows, .width = width, .grad = m};
+  return FN(grad_pre_pass)(job, sums, threading);
+}
+
+/* From the top: grad_b_down = colsum(grad_y), grad_W_down = grad_y^T @
+ * product, grad_product = grad_y @ W_down; the pointwise pass turns
+ * grad_product (in place) into grad_gate and fills grad_up; then their
+ * column sums, grad_W_gate = grad_gate^T @ x, grad_W_up = grad_up^T @ x and
+ * grad_x = grad_gate @ W_gate + grad_up @ W_up (the second product into
+ * scratch, then added). */
+fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backward_args *a,
+                                              const fmlp_threading *threading) {
+  const int64_t rows = a->rows, h = a->hidden;
+  REAL *grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(REAL));
+  if (grad_gate == NULL) return FMLP_ERR_OUT_OF_MEMORY;
+  REAL *grad_up = grad_gate + rows * h;
+  const fmlp_input grad_y = {a->grad_y, a->out_dim, 1};
+  const fmlp_input grad_gate_rows = {grad_gate, h, 1}, grad_up_rows = {grad_up, h, 1};
+  fmlp_status status = FN(column_sums)(a->grad_y, rows, a->out_dim, a->grad_bias_down, threading);
+  if (status == FMLP_OK && a->grad_w_down != NULL) {
+    const fmlp_input product = {a->saved_product, h, 1};
+    status = FN(product)(FN(transposed)(grad_y), a->out_dim, FN(transposed)(product), h, rows,
+                         a->grad_w_down, threading);
+  }
+  if (status == FMLP_OK) {
+    status = FN(product)(grad_y, rows, FN(transposed)(a->w_down), h, a->out_dim, grad_gate,
+                         threading);
+  }
+  if (status == FMLP_OK) {
+    const FN(pointwise_job) job = {rows * h, grad_gate, a->saved_gate, a->saved_up,
+                                   grad_gate, grad_up, a->activation};
+    FN(run_pointwise)(&job, threading);
+    status = FN(column_sums)(grad_gate, rows, h, a->grad_bias_gate, threading);
+  }
+  if (status == FMLP_OK) status = FN(column_sums)(grad_up, rows, h, a->grad_bias_up, threading);
+  if (status == FMLP_OK && a->grad_w_gate != NULL) {
+    status = FN(product)(FN(transposed)(grad_gate_rows), h, FN(transposed)(a->x), a->dim, rows,
+                         a->grad_w_gate, threading);
+  }
+  if (status == FMLP_OK && a->grad_w_up != NULL) {
+    status = FN(product)(FN(transposed)(grad_up_rows), h, FN(transposed)(a->x), a->dim, rows,
+                         a->grad_w_up, threading);
+  }
+  if (status == FMLP_OK && a->grad_x != NULL) {
+    status = FN(product)(grad_gate_rows, rows, FN(transposed)(a->w_gate), a->dim, h, a->grad_x,
+                         threading);
+    REAL *from_up = status == FMLP_OK ? fmlp_alloc_matrices(1, rows, a->dim, sizeof(REAL)) : NULL;
+    if (status == FMLP_OK && from_up == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
+    if (status == FMLP_OK) {
+      status = FN(product)(grad_up_rows, rows, FN(transposed)(a->w_up), a->dim, h, from_up,
+                           threading);
+    }
+    if (status == FMLP_OK) {
+      REAL *grad_x = a->grad_x;
+      for (int64_t i = 0; i < rows * a->dim; ++i) grad_x[i] += from_up[i];
+    }
+    free(from_up);
+  }
+  free(grad_gate);
+  return status;
+}

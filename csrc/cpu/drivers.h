@@ -8,7 +8,7 @@
 
 /* Row blocks run through every layer while the weights stay in cache, so a
  * block's activations never leave L2; larger weights get one block per
- * thread (layer by layer). Measured with one thread on Zen 5 (C harness):
+ * thread (layer by layer). Measured with one thread on Zen 4 (C harness):
  * 65536 x (64-128-128-64): 42.7 ms blocked vs 87.4 ms layer by layer, flat
  * for activation blocks of 32 KiB..1 MiB; 4096 x (1024^4), 12 MiB of
  * weights: blocked 243 ms vs 255 ms, so weights up to an L3's share stay

@@ -28,7 +28,7 @@
 #endif
 #define GEMM_NR ((int64_t)(2 * FMLP_SIMD_WIDTH))
 /* Long K blocks: one pass over K for most layers, so each tile is loaded and
- * stored once. Measured on Zen 5 (1024^3, one thread): KC 1024 x MC 48 ran
+ * stored once. Measured on Zen 4 (1024^3, one thread): KC 1024 x MC 48 ran
  * ~15% faster than the textbook KC 256 x MC 192 (KC x NR in L1); the
  * MC x KC input block (192 KiB) and the KC x NR weight panel both stay in L2,
  * which feeds the FMA units fast enough. */

@@ -13,6 +13,8 @@
                                       const fmlp_threading *threading);                         \
   fmlp_status fmlp_cpu_chain_backward_##suffix(const fmlp_cpu_chain_backward_args *args,        \
                                                const fmlp_threading *threading);                \
+  fmlp_status fmlp_cpu_gated_block_backward_##suffix(                                           \
+      const fmlp_cpu_gated_block_backward_args *args, const fmlp_threading *threading);         \
   fmlp_status fmlp_cpu_activation_backward_##suffix(                                            \
       int64_t n, const void *grad_out, const void *pre, fmlp_activation activation,             \
       void *grad_pre, const fmlp_threading *threading);                                         \

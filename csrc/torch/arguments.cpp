@@ -76,6 +76,15 @@ void check_bias(const char *op, const std::string &name, const std::optional<at:
   check_same(op, name.c_str(), *bias, x);
 }
 
+void check_grad_y(const char *op, const at::Tensor &grad_y, const at::Tensor &x,
+                  int64_t out_features) {
+  check_same(op, "grad_y", grad_y, x);
+  const std::vector<int64_t> shape = output_shape(x, out_features);
+  TORCH_CHECK(grad_y.sizes() == at::IntArrayRef(shape), op,
+              ": grad_y must have the output's shape ", at::IntArrayRef(shape), ", got ",
+              grad_y.sizes());
+}
+
 }  // namespace
 
 void check_dtype(const char *op, const char *name, const at::Tensor &t,
@@ -128,12 +137,8 @@ void check_chain_backward(const char *op, const at::Tensor &grad_y, const at::Te
                           fmlp_activation hidden, fmlp_activation final_activation,
                           const std::vector<at::ScalarType> &dtypes) {
   check_chain(op, x, weights, {}, dtypes);
-  check_same(op, "grad_y", grad_y, x);
+  check_grad_y(op, grad_y, x, weights.back().size(0));
   check_same(op, "saved", saved, x);
-  const std::vector<int64_t> shape = output_shape(x, weights.back().size(0));
-  TORCH_CHECK(grad_y.sizes() == at::IntArrayRef(shape), op,
-              ": grad_y must have the output's shape ", at::IntArrayRef(shape), ", got ",
-              grad_y.sizes());
   const SavedChainLayout layout =
       saved_chain_layout(leading_rows(x), chain_widths(x, weights), hidden, final_activation);
   TORCH_CHECK(saved.dim() == 1 && saved.size(0) == layout.total, op,
@@ -162,6 +167,18 @@ void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
               w_gate.size(0), 3, &total);
   total = 0;
   check_count(op, "w_down", "the output", leading_rows(x), w_down.size(0), 1, &total);
+}
+
+void check_gated_backward(const char *op, const at::Tensor &grad_y, const at::Tensor &x,
+                          const at::Tensor &w_gate, const at::Tensor &w_up,
+                          const at::Tensor &w_down, const at::Tensor &saved,
+                          const std::vector<at::ScalarType> &dtypes) {
+  check_gated(op, x, w_gate, w_up, w_down, std::nullopt, std::nullopt, std::nullopt, dtypes);
+  check_grad_y(op, grad_y, x, w_down.size(0));
+  check_same(op, "saved", saved, x);
+  const std::vector<int64_t> shape = {3, leading_rows(x), w_gate.size(0)};
+  TORCH_CHECK(saved.sizes() == at::IntArrayRef(shape), op, ": saved must have shape ",
+              at::IntArrayRef(shape), " (gate, up, product), got ", saved.sizes());
 }
 
 at::Tensor as_rows(const at::Tensor &x) {

@@ -41,6 +41,13 @@ void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
                  const std::optional<at::Tensor> &bias_down,
                  const std::vector<at::ScalarType> &dtypes);
 
+// Validates the backward of a gated block: x and weights as check_gated, grad_y of
+// the output's shape, saved of shape (3, rows, hidden).
+void check_gated_backward(const char *op, const at::Tensor &grad_y, const at::Tensor &x,
+                          const at::Tensor &w_gate, const at::Tensor &w_up,
+                          const at::Tensor &w_down, const at::Tensor &saved,
+                          const std::vector<at::ScalarType> &dtypes);
+
 // x as rows x features: a view when strides allow, else a copy.
 at::Tensor as_rows(const at::Tensor &x);
 

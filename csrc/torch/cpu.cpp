@@ -5,6 +5,8 @@
 #include <ATen/record_function.h>
 #include <torch/library.h>
 
+#include <array>
+
 #include "fusedmlp/cpu.h"
 #include "op_wrappers.h"
 
@@ -211,7 +213,8 @@ struct CpuBackend {
   }
 };
 
-// CPU only: elsewhere the backward is ATen GEMMs around the pointwise ops (ops.py).
+// The whole backwards, CPU only: elsewhere they are ATen GEMMs around the pointwise
+// ops (ops.py).
 std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_backward(
     const at::Tensor &grad_y, const at::Tensor &x, at::TensorList weights,
     const at::Tensor &saved, bool bias, c10::string_view hidden_activation,
@@ -269,10 +272,67 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_b
   return {grad_x, grad_w, grad_b};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>>
+gated_mlp_backward(const at::Tensor &grad_y, const at::Tensor &x, const at::Tensor &w_gate,
+                   const at::Tensor &w_up, const at::Tensor &w_down, const at::Tensor &saved,
+                   std::array<bool, 3> bias, c10::string_view activation, bool need_grad_x) {
+  const char *op = "fusedmlp.gated_mlp_backward";
+  const fmlp_activation act = parse_activation(activation);
+  check_gated_backward(op, grad_y, x, w_gate, w_up, w_down, saved, CpuBackend::dtypes());
+  const at::ScalarType storage = x.scalar_type(), compute = compute_type(storage);
+  const auto options = x.options().dtype(compute);
+  const at::Tensor x_rows = as_rows(x).to(compute);
+  const at::Tensor grad = as_rows(grad_y).to(compute).contiguous();
+  const at::Tensor s = saved.to(compute).contiguous();
+  const at::Tensor wg = w_gate.to(compute), wu = w_up.to(compute), wd = w_down.to(compute);
+  const int64_t rows = x_rows.size(0);
+  at::Tensor grad_x = at::empty({need_grad_x ? rows : 0, x_rows.size(1)}, options);
+  std::array<at::Tensor, 3> grad_w = {at::empty(wg.sizes(), options),
+                                      at::empty(wu.sizes(), options),
+                                      at::empty(wd.sizes(), options)};
+  std::array<at::Tensor, 3> grad_b;
+  for (size_t p = 0; p < 3; ++p) {
+    if (bias[p]) grad_b[p] = at::empty({grad_w[p].size(0)}, options);
+  }
+  const fmlp_cpu_gated_block_backward_args args = {
+      .dtype = kernel_dtype(compute),
+      .rows = rows,
+      .dim = x_rows.size(1),
+      .hidden = wg.size(0),
+      .out_dim = wd.size(0),
+      .x = input_of(x_rows),
+      .w_gate = input_of(wg),
+      .w_up = input_of(wu),
+      .w_down = input_of(wd),
+      .activation = act,
+      .saved_gate = s[0].data_ptr(),
+      .saved_up = s[1].data_ptr(),
+      .saved_product = s[2].data_ptr(),
+      .grad_y = grad.data_ptr(),
+      .grad_x = need_grad_x ? grad_x.data_ptr() : nullptr,
+      .grad_w_gate = grad_w[0].data_ptr(),
+      .grad_w_up = grad_w[1].data_ptr(),
+      .grad_w_down = grad_w[2].data_ptr(),
+      .grad_bias_gate = bias[0] ? grad_b[0].data_ptr() : nullptr,
+      .grad_bias_up = bias[1] ? grad_b[1].data_ptr() : nullptr,
+      .grad_bias_down = bias[2] ? grad_b[2].data_ptr() : nullptr,
+  };
+  const fmlp_threading threading = aten_threading();
+  check_status(fmlp_cpu_gated_block_backward(&args, &threading), op);
+  std::vector<at::Tensor> present_b;
+  for (size_t p = 0; p < 3; ++p) {
+    if (bias[p]) present_b.push_back(grad_b[p].to(storage));
+  }
+  grad_x = need_grad_x ? grad_x.view(x.sizes()).to(storage) : x.new_empty({0});
+  return {grad_x, grad_w[0].to(storage), grad_w[1].to(storage), grad_w[2].to(storage),
+          present_b};
+}
+
 }  // namespace
 }  // namespace fusedmlp
 
 TORCH_LIBRARY_IMPL(fusedmlp, CPU, m) {
   fusedmlp::OpWrappers<fusedmlp::CpuBackend>::register_kernels(m);
   m.impl("chain_backward", &fusedmlp::chain_backward);
+  m.impl("gated_mlp_backward", &fusedmlp::gated_mlp_backward);
 }

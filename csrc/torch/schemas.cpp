@@ -22,6 +22,13 @@ TORCH_LIBRARY(fusedmlp, m) {
   m.def(
       "gated_mlp_train(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? bias_gate,"
       " Tensor? bias_up, Tensor? bias_down, str activation) -> (Tensor, Tensor)");
+  // The gradients of gated_mlp from its training twin's saved buffer; grad_x is an empty
+  // tensor unless need_grad_x; grad_biases holds one gradient per true entry of
+  // bias (gate, up, down).
+  m.def(
+      "gated_mlp_backward(Tensor grad_y, Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down,"
+      " Tensor saved, bool[3] bias, str activation, bool need_grad_x) -> (Tensor grad_x,"
+      " Tensor grad_w_gate, Tensor grad_w_up, Tensor grad_w_down, Tensor[] grad_biases)");
   m.def("activation_backward(Tensor grad, Tensor pre, str activation) -> Tensor");
   m.def(
       "gated_backward(Tensor grad_product, Tensor gate, Tensor up, str activation)"

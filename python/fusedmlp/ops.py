@@ -261,22 +261,58 @@ def _chain_backward_fake(
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     op = "fusedmlp.chain_backward"
     _, expected = _chain_fake(op, x, weights, [], hidden_activation, final_activation)
+    _check_backward_inputs(op, grad_y, x, weights[-1].shape[0], saved, expected)
+    grad_biases = [w.new_empty(w.shape[0]) for w in weights] if bias else []
+    return _grad_x_fake(x, need_grad_x), [w.new_empty(w.shape) for w in weights], grad_biases
+
+
+@torch.library.register_fake("fusedmlp::gated_mlp_backward")
+def _gated_mlp_backward_fake(
+    grad_y: Tensor,
+    x: Tensor,
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+    saved: Tensor,
+    bias: list[bool],
+    activation: str,
+    need_grad_x: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
+    op = "fusedmlp.gated_mlp_backward"
+    _, expected = _gated_fake(x, w_gate, w_up, w_down, (None, None, None))
+    _check_backward_inputs(op, grad_y, x, w_down.shape[0], saved, expected)
+    weights = (w_gate, w_up, w_down)
+    grad_biases = [w.new_empty(w.shape[0]) for w, present in zip(weights, bias) if present]
+    grad_w_gate, grad_w_up, grad_w_down = (w.new_empty(w.shape) for w in weights)
+    return _grad_x_fake(x, need_grad_x), grad_w_gate, grad_w_up, grad_w_down, grad_biases
+
+
+def _check_backward_inputs(
+    op: str, grad_y: Tensor, x: Tensor, out_features: int, saved: Tensor, expected: Tensor
+) -> None:
     _check_same(op, "grad_y", grad_y, x)
     _check_same(op, "saved", saved, x)
     torch._check(
-        grad_y.shape == (*x.shape[:-1], weights[-1].shape[0]),
+        grad_y.shape == (*x.shape[:-1], out_features),
         lambda: f"{op}: grad_y must have the output's shape, got {tuple(grad_y.shape)}",
     )
     torch._check(
         saved.shape == expected.shape,
         lambda: f"{op}: saved must have shape {tuple(expected.shape)}, got {tuple(saved.shape)}",
     )
-    grad_x = x.new_empty(x.shape if need_grad_x else (0,))
-    grad_biases = [w.new_empty(w.shape[0]) for w in weights] if bias else []
-    return grad_x, [w.new_empty(w.shape) for w in weights], grad_biases
+
+
+def _grad_x_fake(x: Tensor, need_grad_x: bool) -> Tensor:
+    return x.new_empty(x.shape if need_grad_x else (0,))
 
 
 # ---- autograd ----
+
+
+def _whole_backward_on_cpu(x: Tensor) -> bool:
+    """Whether one fusedmlp::*_backward op runs the backward: on CPU, unless the backward
+    itself is being differentiated (create_graph=True)."""
+    return x.device.type == "cpu" and not torch.is_grad_enabled()
 
 
 def _chain_backward(
@@ -293,7 +329,7 @@ def _chain_backward(
     a sixth of a 3-layer backward, is skipped as eager autograd does). On CPU one
     fusedmlp::chain_backward call runs it all through our GEMM core; elsewhere, and for a
     double backward, ATen GEMMs around fusedmlp::activation_backward."""
-    if x.device.type == "cpu" and not torch.is_grad_enabled():
+    if _whole_backward_on_cpu(x):
         # a chain's biases are all present or all absent
         grad_x, grad_weights, grad_biases = _ops.chain_backward(
             grad_y, x, weights, saved, has_bias[0], hidden, final, need_grad_x
@@ -338,6 +374,13 @@ def _gated_backward(
     activation: str,
     need_grad_x: bool = True,
 ) -> tuple[Tensor | None, ...]:
+    if _whole_backward_on_cpu(x):
+        grad_x, *grad_weights, grad_biases = _ops.gated_mlp_backward(
+            grad_y, x, w_gate, w_up, w_down, saved, list(has_bias), activation, need_grad_x
+        )
+        present = iter(grad_biases)
+        biases = [next(present) if has else None for has in has_bias]
+        return (grad_x if need_grad_x else None), *grad_weights, *biases
     x_rows = x.reshape(_rows(x), x.shape[-1])
     grad = grad_y.reshape(x_rows.shape[0], w_down.shape[0])
     gate, up, product = saved[0], saved[1], saved[2]

@@ -395,6 +395,115 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
   free(x_data);
 }
 
+/* The gated block's gradients: a training fmlp_cpu_gated, then
+ * fmlp_cpu_gated_block_backward, against the chain rule in double. */
+static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int64_t dim,
+                                      int64_t hidden, int64_t out_dim, fmlp_activation act,
+                                      int transposed, const fmlp_threading *threading) {
+  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  fmlp_input x, w[3], b[3], gy; /* w, b: gate, up, down */
+  const int64_t w_rows[3] = {hidden, hidden, out_dim}, w_cols[3] = {dim, dim, hidden};
+  void *x_data = make_matrix(dtype, m, dim, transposed, 40, &x);
+  void *gy_data = make_matrix(dtype, m, out_dim, 0, 41, &gy);
+  void *w_data[3], *b_data[3], *grad_w[3], *grad_b[3];
+  for (int p = 0; p < 3; ++p) {
+    w_data[p] = make_matrix(dtype, w_rows[p], w_cols[p], transposed ^ (p == 1), 42 + p, &w[p]);
+    b_data[p] = make_matrix(dtype, 1, w_rows[p], 0, 45 + p, &b[p]);
+    grad_w[p] = malloc((size_t)(w_rows[p] * w_cols[p] + 1) * elem);
+    grad_b[p] = malloc((size_t)(w_rows[p] + 1) * elem);
+  }
+  void *saved = malloc((size_t)(3 * m * hidden + 1) * elem);
+  void *y = malloc((size_t)(m * out_dim + 1) * elem);
+  void *grad_x = malloc((size_t)(m * dim + 1) * elem);
+  void *gate = saved, *up = (char *)saved + m * hidden * elem;
+  void *product = (char *)saved + 2 * m * hidden * elem;
+  const fmlp_cpu_gated_args forward = {
+      .dtype = dtype, .rows = m, .dim = dim, .hidden = hidden, .out_dim = out_dim, .x = x,
+      .w_gate = w[0], .w_up = w[1], .w_down = w[2], .bias_gate = b_data[0],
+      .bias_up = b_data[1], .bias_down = b_data[2], .activation = act, .y = y,
+      .y_row_stride = out_dim, .saved_gate = gate, .saved_up = up, .saved_product = product};
+  const fmlp_cpu_gated_block_backward_args backward = {
+      .dtype = dtype, .rows = m, .dim = dim, .hidden = hidden, .out_dim = out_dim, .x = x,
+      .w_gate = w[0], .w_up = w[1], .w_down = w[2], .activation = act, .saved_gate = gate,
+      .saved_up = up, .saved_product = product, .grad_y = gy_data, .grad_x = grad_x,
+      .grad_w_gate = grad_w[0], .grad_w_up = grad_w[1], .grad_w_down = grad_w[2],
+      .grad_bias_gate = grad_b[0], .grad_bias_up = grad_b[1], .grad_bias_down = grad_b[2]};
+  fmlp_status status = fmlp_cpu_gated(&forward, threading);
+  if (status == FMLP_OK) status = fmlp_cpu_gated_block_backward(&backward, threading);
+  char what[160];
+  snprintf(what, sizeof what,
+           "gated backward dtype=%d m=%lld dim=%lld hidden=%lld out=%lld act=%d", dtype,
+           (long long)m, (long long)dim, (long long)hidden, (long long)out_dim, act);
+  if (status != FMLP_OK) {
+    fprintf(stderr, "FAIL %s: status %s\n", what, fmlp_status_string(status));
+    t->failed++;
+  } else {
+#define X(i, kk) element(dtype, x_data, (i) * x.row_stride + (kk) * x.col_stride)
+#define W(p, j, kk) element(dtype, w_data[p], (j) * w[p].row_stride + (kk) * w[p].col_stride)
+    /* grads[0], grads[1]: of the gate and up pre-activations; p_ref: the product */
+    double *grads[2], *p_ref = calloc((size_t)(m * hidden + 1), sizeof(double));
+    for (int p = 0; p < 2; ++p) grads[p] = calloc((size_t)(m * hidden + 1), sizeof(double));
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t h = 0; h < hidden; ++h) {
+        double g = element(dtype, b_data[0], h), u = element(dtype, b_data[1], h), gp = 0;
+        for (int64_t kk = 0; kk < dim; ++kk) g += X(i, kk) * W(0, h, kk);
+        for (int64_t kk = 0; kk < dim; ++kk) u += X(i, kk) * W(1, h, kk);
+        for (int64_t j = 0; j < out_dim; ++j) {
+          gp += element(dtype, gy_data, i * out_dim + j) * W(2, j, h);
+        }
+        p_ref[i * hidden + h] = reference_activation(g, act) * u;
+        grads[0][i * hidden + h] = gp * u * reference_activation_grad(g, act);
+        grads[1][i * hidden + h] = gp * reference_activation(g, act);
+      }
+    }
+    const double tol = tolerance(dtype, m + dim + hidden + out_dim);
+    const int before = t->failed;
+    for (int p = 0; p < 3; ++p) {
+      for (int64_t j = 0; j < w_rows[p]; ++j) {
+        double db = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          db += p < 2 ? grads[p][i * hidden + j] : element(dtype, gy_data, i * out_dim + j);
+        }
+        check_close(t, what, element(dtype, grad_b[p], j), db, tol);
+        for (int64_t kk = 0; kk < w_cols[p]; ++kk) {
+          double dw = 0;
+          for (int64_t i = 0; i < m; ++i) {
+            dw += p < 2 ? grads[p][i * hidden + j] * X(i, kk)
+                        : element(dtype, gy_data, i * out_dim + j) * p_ref[i * hidden + kk];
+          }
+          check_close(t, what, element(dtype, grad_w[p], j * w_cols[p] + kk), dw, tol);
+        }
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t kk = 0; kk < dim; ++kk) {
+        double gx = 0;
+        for (int64_t h = 0; h < hidden; ++h) {
+          gx += grads[0][i * hidden + h] * W(0, h, kk) + grads[1][i * hidden + h] * W(1, h, kk);
+        }
+        check_close(t, what, element(dtype, grad_x, i * dim + kk), gx, tol);
+      }
+    }
+#undef X
+#undef W
+    if (t->failed == before) t->passed++;
+    free(grads[0]);
+    free(grads[1]);
+    free(p_ref);
+  }
+  for (int p = 0; p < 3; ++p) {
+    free(w_data[p]);
+    free(b_data[p]);
+    free(grad_w[p]);
+    free(grad_b[p]);
+  }
+  free(grad_x);
+  free(y);
+  free(saved);
+  free(gy_data);
+  free(x_data);
+}
+
 static void test_invalid_arguments(tally *t) {
   const int64_t widths[2] = {3, 4};
   const fmlp_cpu_chain_args bad_activation = {
@@ -451,6 +560,12 @@ int main(void) {
                             (int)(s % 2), s % 2 ? &serial : &chunked);
       }
     }
+    for (int act = 0; act < FMLP_ACT_COUNT; ++act) {
+      test_gated_block_backward(&t, (fmlp_dtype)dtype, act == 0 ? 0 : 13 * act, 7 + act,
+                                9 * act + 1, 5, (fmlp_activation)act, act % 2,
+                                act % 2 ? &serial : &chunked);
+    }
+    test_gated_block_backward(&t, (fmlp_dtype)dtype, 70, 33, 40, 17, FMLP_ACT_SILU, 0, &chunked);
     const int64_t empty_rows_widths[3] = {3, 4, 2};
     test_chain_backward(&t, (fmlp_dtype)dtype, 0, empty_rows_widths, FMLP_ACT_GELU,
                         FMLP_ACT_NONE, 0, &serial);

@@ -113,6 +113,24 @@ typedef struct {
 
 fmlp_status fmlp_cpu_gated(const fmlp_cpu_gated_args *args, const fmlp_threading *threading);
 
+/* The gradients of fmlp_cpu_gated from what its training call saved (gate,
+ * up and product, each rows x hidden contiguous). Each gradient pointer may
+ * be NULL (not computed); what is computed is written, not accumulated. */
+typedef struct {
+  fmlp_dtype dtype; /* FMLP_F32 or FMLP_F64 */
+  int64_t rows, dim, hidden, out_dim;
+  fmlp_input x, w_gate, w_up, w_down; /* as in fmlp_cpu_gated_args */
+  fmlp_activation activation;
+  const void *saved_gate, *saved_up, *saved_product;
+  const void *grad_y;                           /* rows x out_dim, contiguous */
+  void *grad_x;                                 /* rows x dim, contiguous */
+  void *grad_w_gate, *grad_w_up, *grad_w_down;  /* the weights' shapes, contiguous */
+  void *grad_bias_gate, *grad_bias_up, *grad_bias_down;
+} fmlp_cpu_gated_block_backward_args;
+
+fmlp_status fmlp_cpu_gated_block_backward(const fmlp_cpu_gated_block_backward_args *args,
+                                          const fmlp_threading *threading);
+
 /* grad_pre = grad_out * act'(pre), elementwise over n contiguous values. */
 fmlp_status fmlp_cpu_activation_backward(fmlp_dtype dtype, int64_t n, const void *grad_out,
                                          const void *pre, fmlp_activation activation,
