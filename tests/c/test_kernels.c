@@ -545,6 +545,10 @@ int main(void) {
       test_linear(&t, (fmlp_dtype)dtype, 64, 37, 1100, (fmlp_activation)act, 1, 1, &serial);
       test_linear(&t, (fmlp_dtype)dtype, 100, 45, 1031, (fmlp_activation)act, act % 2, act % 2,
                   &chunked);
+      /* few rows, a row-major weight read in place and >= 2^19 multiply-adds: the columns
+       * are split over the threads (the transposed kernel, then dot products) */
+      test_linear(&t, (fmlp_dtype)dtype, 40, 301, 600, (fmlp_activation)act, 1, 1, &chunked);
+      test_linear(&t, (fmlp_dtype)dtype, 3, 1500, 400, (fmlp_activation)act, 0, 1, &chunked);
       test_gated(&t, (fmlp_dtype)dtype, 67, 29, 41, (fmlp_activation)act, &chunked);
       test_activation_backward(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
     }
