@@ -125,40 +125,53 @@ static fmlp_status FN(run_row_blocks)(FN(row_blocks) *blocks, int64_t weight_ele
   return (fmlp_status)atomic_load(&blocks->status);
 }
 
-/* ---- layer chains: Linear (one layer) and MLP ---- */
+/* ---- few rows: products split by columns ---- */
 
-typedef struct {
-  const fmlp_cpu_chain_args *args;
-  const FN(packed_weight) *packed;
-  int64_t block_rows, max_hidden;
-  /* Few rows make one block, which one thread would run alone: each layer
-   * whose weight is read in place (unpacked) then has its columns split over
-   * column_threading's threads instead, task t packing its input into
-   * column_packs + t * column_pack_elems. NULL: not split. */
-  const fmlp_threading *column_threading;
-  REAL *column_packs;
-  int64_t column_pack_elems;
-} FN(chain_job);
-
-/* A layer's columns are split from this many multiply-adds (~10 us on one
- * core) on: one fork/join per layer, against a row block's one per op.
+/* A product's columns are split from this many multiply-adds (~10 us on one
+ * core) on: one fork/join per product, against a row block's one per op.
  * Measured, 16 x (256 -> 256 -> 256 -> 256) ReLU on 2 threads: 86 us serial,
  * 58 us split. */
 #define COLUMN_SPLIT_MIN_MULTIPLY_ADDS ((int64_t)1 << 19)
 
-/* One layer of a chain block, its output columns split into n_tasks slices. */
+/* Few rows make one row block, which one thread would run alone; a product
+ * whose weight is read in place (unpacked) then has its output columns split
+ * over `threading`'s threads instead, task t packing its input into
+ * packs + t * pack_elems. threading NULL: never split. */
 typedef struct {
-  const FN(chain_job) *chain;
+  const fmlp_threading *threading;
+  REAL *packs;
+  int64_t pack_elems;
+} FN(column_split);
+
+/* The split for an op partitioned into `blocks` (input_pack_elems set). */
+static fmlp_status FN(column_split_for)(const FN(row_blocks) *blocks,
+                                        const fmlp_threading *threading,
+                                        FN(column_split) *split) {
+  *split = (FN(column_split)){NULL, NULL, 0};
+  if (blocks->n_blocks != 1 || blocks->rows > GEMM_UNPACKED_MAX_ROWS || threading == NULL ||
+      threading->n_threads <= 1) {
+    return FMLP_OK;
+  }
+  split->pack_elems = blocks->input_pack_elems;
+  split->packs = fmlp_alloc_matrices(threading->n_threads, 1, split->pack_elems, sizeof(REAL));
+  if (split->packs == NULL) return FMLP_ERR_OUT_OF_MEMORY;
+  split->threading = threading;
+  return FMLP_OK;
+}
+
+/* One product, its output columns cut into n_tasks slices. */
+typedef struct {
+  const FN(column_split) *split;
   fmlp_input in;
   int64_t rows, n_tasks, ldc, pre_stride;
   const FN(packed_weight) *w; /* read in place */
   const REAL *bias;
   fmlp_activation activation;
   REAL *out, *pre;
-} FN(layer_columns);
+} FN(column_slices);
 
-static void FN(layer_columns_task)(void *context, int64_t begin, int64_t end) {
-  const FN(layer_columns) *job = context;
+static void FN(column_slices_task)(void *context, int64_t begin, int64_t end) {
+  const FN(column_slices) *job = context;
   const FN(packed_weight) *w = job->w;
   for (int64_t task = begin; task < end; ++task) {
     int64_t j0, count;
@@ -173,34 +186,39 @@ static void FN(layer_columns_task)(void *context, int64_t begin, int64_t end) {
     FN(gemm_rows)(job->in, job->rows, &slice, job->bias != NULL ? job->bias + j0 : NULL,
                   job->activation, job->out + j0, job->ldc,
                   job->pre != NULL ? job->pre + j0 : NULL, job->pre_stride,
-                  job->chain->column_packs + task * job->chain->column_pack_elems);
+                  job->split->packs + task * job->split->pack_elems);
   }
 }
 
-/* Layer l of a chain block into out (and pre): on this thread, or split by
- * columns when the job says so and the layer is worth it. */
-static void FN(chain_layer)(const FN(chain_job) *job, int64_t l, fmlp_input in, int64_t rows,
-                            REAL *out, int64_t ldc, REAL *pre, REAL *input_pack) {
-  const fmlp_cpu_chain_args *a = job->args;
-  const int64_t width = a->widths[l + 1];
-  const REAL *bias = a->biases != NULL ? a->biases[l] : NULL;
-  const fmlp_activation activation =
-      l == a->n_layers - 1 ? a->final_activation : a->hidden_activation;
+/* gemm_rows, with its columns split over threads when `split` allows, the
+ * weight is read in place and the product is worth it. */
+static void FN(split_gemm_rows)(const FN(column_split) *split, fmlp_input in, int64_t rows,
+                                const FN(packed_weight) *w, const REAL *bias,
+                                fmlp_activation activation, REAL *c, int64_t ldc, REAL *pre,
+                                int64_t pre_stride, REAL *input_pack) {
   int64_t multiply_adds = 0;
-  if (!fmlp_checked_mul(rows, width * a->widths[l], &multiply_adds)) multiply_adds = INT64_MAX;
+  if (!fmlp_checked_mul(rows, w->n * w->k, &multiply_adds)) multiply_adds = INT64_MAX;
   const fmlp_threading *threading =
-      FN(threading_for)(job->column_threading, multiply_adds, COLUMN_SPLIT_MIN_MULTIPLY_ADDS);
-  if (threading == NULL || job->packed[l].data != NULL) { /* slices need an unpacked weight */
-    FN(gemm_rows)(in, rows, &job->packed[l], bias, activation, out, ldc, pre, width,
-                  input_pack);
+      FN(threading_for)(split->threading, multiply_adds, COLUMN_SPLIT_MIN_MULTIPLY_ADDS);
+  if (threading == NULL || w->data != NULL) {
+    FN(gemm_rows)(in, rows, w, bias, activation, c, ldc, pre, pre_stride, input_pack);
     return;
   }
-  const FN(layer_columns) columns = {
-      .chain = job, .in = in, .rows = rows, .n_tasks = threading->n_threads, .ldc = ldc,
-      .pre_stride = width, .w = &job->packed[l], .bias = bias, .activation = activation,
-      .out = out, .pre = pre};
-  FN(run_tasks)(threading, columns.n_tasks, (void *)&columns, FN(layer_columns_task));
+  const FN(column_slices) slices = {
+      .split = split, .in = in, .rows = rows, .n_tasks = threading->n_threads, .ldc = ldc,
+      .pre_stride = pre_stride, .w = w, .bias = bias, .activation = activation, .out = c,
+      .pre = pre};
+  FN(run_tasks)(threading, slices.n_tasks, (void *)&slices, FN(column_slices_task));
 }
+
+/* ---- layer chains: Linear (one layer) and MLP ---- */
+
+typedef struct {
+  const fmlp_cpu_chain_args *args;
+  const FN(packed_weight) *packed;
+  int64_t block_rows, max_hidden;
+  FN(column_split) split;
+} FN(chain_job);
 
 /* scratch: two block_rows x max_hidden matrices the hidden layers ping-pong through */
 static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack,
@@ -224,7 +242,10 @@ static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
       out = ping_pong[l % 2];
     }
     REAL *pre = a->saved_pre != NULL ? FN(rows_at)(a->saved_pre[l], r0, width) : NULL;
-    FN(chain_layer)(job, l, in, rows, out, ldc, pre, input_pack);
+    FN(split_gemm_rows)(&job->split, in, rows, &job->packed[l],
+                        a->biases != NULL ? a->biases[l] : NULL,
+                        last ? a->final_activation : a->hidden_activation, out, ldc, pre, width,
+                        input_pack);
     in = (fmlp_input){out, ldc, 1};
   }
 }
@@ -247,19 +268,13 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
     FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 2, .scratch_cols = max_hidden,
                              .run_block = FN(chain_block)};
     FN(partition_rows)(&blocks, weight_elems, a->n_layers > 1 ? row_elems : 0, threading);
-    FN(chain_job) job = {a, packed, blocks.block_rows, max_hidden, NULL, NULL, 0};
+    FN(chain_job) job = {.args = a, .packed = packed, .block_rows = blocks.block_rows,
+                         .max_hidden = max_hidden};
     blocks.input_pack_elems = FN(input_pack_elems)(blocks.block_rows, max_k);
     blocks.op = &job;
-    if (blocks.n_blocks == 1 && a->rows <= GEMM_UNPACKED_MAX_ROWS && threading != NULL &&
-        threading->n_threads > 1) {
-      job.column_threading = threading;
-      job.column_pack_elems = blocks.input_pack_elems;
-      job.column_packs =
-          fmlp_alloc_matrices(threading->n_threads, 1, job.column_pack_elems, sizeof(REAL));
-      if (job.column_packs == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
-    }
+    status = FN(column_split_for)(&blocks, threading, &job.split);
     if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
-    free(job.column_packs);
+    free(job.split.packs);
   }
   FN(free_packed)(packed, a->n_layers);
   free(packed);
@@ -272,6 +287,7 @@ typedef struct {
   const fmlp_cpu_gated_args *args;
   FN(packed_weight) gate, up, down;
   int64_t block_rows;
+  FN(column_split) split;
 } FN(gated_job);
 
 /* product = act(gate) * up, one row of n values */
@@ -302,15 +318,17 @@ static void FN(gated_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
   } else
 #endif
   {
-    FN(gemm_rows)(in, rows, &job->gate, a->bias_gate, FMLP_ACT_NONE, gate, h, NULL, 0,
-                  input_pack);
-    FN(gemm_rows)(in, rows, &job->up, a->bias_up, FMLP_ACT_NONE, up, h, NULL, 0, input_pack);
+    FN(split_gemm_rows)(&job->split, in, rows, &job->gate, a->bias_gate, FMLP_ACT_NONE, gate,
+                        h, NULL, 0, input_pack);
+    FN(split_gemm_rows)(&job->split, in, rows, &job->up, a->bias_up, FMLP_ACT_NONE, up, h, NULL,
+                        0, input_pack);
     for (int64_t i = 0; i < rows; ++i) {
       FN(gate_product_row)(gate + i * h, up + i * h, h, a->activation, product + i * h);
     }
   }
-  FN(gemm_rows)((fmlp_input){product, h, 1}, rows, &job->down, a->bias_down, FMLP_ACT_NONE,
-                FN(rows_at)(a->y, r0, a->y_row_stride), a->y_row_stride, NULL, 0, input_pack);
+  FN(split_gemm_rows)(&job->split, (fmlp_input){product, h, 1}, rows, &job->down, a->bias_down,
+                      FMLP_ACT_NONE, FN(rows_at)(a->y, r0, a->y_row_stride), a->y_row_stride,
+                      NULL, 0, input_pack);
 }
 
 fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threading *threading) {
@@ -332,7 +350,9 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
     job.block_rows = blocks.block_rows;
     blocks.input_pack_elems =
         FN(input_pack_elems)(blocks.block_rows, a->dim > a->hidden ? a->dim : a->hidden);
-    status = FN(run_row_blocks)(&blocks, weight_elems, threading);
+    status = FN(column_split_for)(&blocks, threading, &job.split);
+    if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
+    free(job.split.packs);
   }
   free(job.gate.data);
   free(job.up.data);

@@ -550,6 +550,7 @@ int main(void) {
       test_linear(&t, (fmlp_dtype)dtype, 40, 301, 600, (fmlp_activation)act, 1, 1, &chunked);
       test_linear(&t, (fmlp_dtype)dtype, 3, 1500, 400, (fmlp_activation)act, 0, 1, &chunked);
       test_gated(&t, (fmlp_dtype)dtype, 67, 29, 41, (fmlp_activation)act, &chunked);
+      test_gated(&t, (fmlp_dtype)dtype, 5, 200, 700, (fmlp_activation)act, &chunked);
       test_activation_backward(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
     }
     test_linear(&t, (fmlp_dtype)dtype, 0, 5, 7, FMLP_ACT_RELU, 1, 0, &serial);
