@@ -102,36 +102,42 @@ static fmlp_status check_chain_backward(const fmlp_cpu_chain_backward_args *a) {
   return status;
 }
 
+/* What the gated block and its backward share: dtype, activation, x, the
+ * weights, and `scratch_matrices` rows x hidden matrices of scratch. */
+static fmlp_status check_gated_operands(fmlp_dtype dtype, fmlp_activation activation,
+                                        int64_t rows, int64_t dim, int64_t hidden,
+                                        int64_t out_dim, const fmlp_input *x,
+                                        const fmlp_input *w_gate, const fmlp_input *w_up,
+                                        const fmlp_input *w_down, int64_t scratch_matrices) {
+  if (!valid_dtype(dtype) || !valid_activation(activation)) return FMLP_ERR_INVALID_ARGUMENT;
+  fmlp_status status = check_extent(x->data, rows, dim);
+  if (status == FMLP_OK) status = check_extent(w_gate->data, hidden, dim);
+  if (status == FMLP_OK) status = check_extent(w_up->data, hidden, dim);
+  if (status == FMLP_OK) status = check_extent(w_down->data, out_dim, hidden);
+  int64_t scratch_cols, scratch_count;
+  if (status == FMLP_OK) status = check_count(hidden, scratch_matrices, &scratch_cols);
+  if (status == FMLP_OK) status = check_count(rows, scratch_cols, &scratch_count);
+  return status;
+}
+
 static fmlp_status check_gated(const fmlp_cpu_gated_args *a) {
-  if (a == NULL || !valid_dtype(a->dtype) || !valid_activation(a->activation)) {
-    return FMLP_ERR_INVALID_ARGUMENT;
-  }
-  fmlp_status status = check_extent(a->x.data, a->rows, a->dim);
-  if (status == FMLP_OK) status = check_extent(a->w_gate.data, a->hidden, a->dim);
-  if (status == FMLP_OK) status = check_extent(a->w_up.data, a->hidden, a->dim);
-  if (status == FMLP_OK) status = check_extent(a->w_down.data, a->out_dim, a->hidden);
+  if (a == NULL) return FMLP_ERR_INVALID_ARGUMENT;
+  fmlp_status status =
+      check_gated_operands(a->dtype, a->activation, a->rows, a->dim, a->hidden, a->out_dim,
+                           &a->x, &a->w_gate, &a->w_up, &a->w_down, 3);
   if (status == FMLP_OK) status = check_extent(a->y, a->rows, a->out_dim);
-  int64_t scratch_cols, scratch_count; /* the scratch holds three rows x hidden matrices */
-  if (status == FMLP_OK) status = check_count(a->hidden, 3, &scratch_cols);
-  if (status == FMLP_OK) status = check_count(a->rows, scratch_cols, &scratch_count);
   return status;
 }
 
 static fmlp_status check_gated_block_backward(const fmlp_cpu_gated_block_backward_args *a) {
-  if (a == NULL || !valid_dtype(a->dtype) || !valid_activation(a->activation)) {
-    return FMLP_ERR_INVALID_ARGUMENT;
-  }
-  fmlp_status status = check_extent(a->x.data, a->rows, a->dim);
-  if (status == FMLP_OK) status = check_extent(a->w_gate.data, a->hidden, a->dim);
-  if (status == FMLP_OK) status = check_extent(a->w_up.data, a->hidden, a->dim);
-  if (status == FMLP_OK) status = check_extent(a->w_down.data, a->out_dim, a->hidden);
+  if (a == NULL) return FMLP_ERR_INVALID_ARGUMENT;
+  fmlp_status status =
+      check_gated_operands(a->dtype, a->activation, a->rows, a->dim, a->hidden, a->out_dim,
+                           &a->x, &a->w_gate, &a->w_up, &a->w_down, 2);
   if (status == FMLP_OK) status = check_extent(a->saved_gate, a->rows, a->hidden);
   if (status == FMLP_OK) status = check_extent(a->saved_up, a->rows, a->hidden);
   if (status == FMLP_OK) status = check_extent(a->saved_product, a->rows, a->hidden);
   if (status == FMLP_OK) status = check_extent(a->grad_y, a->rows, a->out_dim);
-  int64_t scratch_cols, scratch_count; /* the scratch holds two rows x hidden matrices */
-  if (status == FMLP_OK) status = check_count(a->hidden, 2, &scratch_cols);
-  if (status == FMLP_OK) status = check_count(a->rows, scratch_cols, &scratch_count);
   return status;
 }
 

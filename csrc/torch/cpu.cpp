@@ -213,6 +213,21 @@ struct CpuBackend {
   }
 };
 
+// What a backward computes from, in the compute dtype: x as rows, grad_y as
+// contiguous rows, the saved buffer contiguous.
+struct BackwardInputs {
+  at::ScalarType storage;
+  at::TensorOptions options;
+  at::Tensor x_rows, grad, saved;
+};
+
+BackwardInputs backward_inputs(const at::Tensor &x, const at::Tensor &grad_y,
+                               const at::Tensor &saved) {
+  const at::ScalarType storage = x.scalar_type(), compute = compute_type(storage);
+  return {storage, x.options().dtype(compute), as_rows(x).to(compute),
+          as_rows(grad_y).to(compute).contiguous(), saved.to(compute).contiguous()};
+}
+
 // The whole backwards, CPU only: elsewhere they are ATen GEMMs around the pointwise
 // ops (ops.py).
 std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_backward(
@@ -223,11 +238,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_b
   const fmlp_activation hidden = parse_activation(hidden_activation),
                         final_act = parse_activation(final_activation);
   check_chain_backward(op, grad_y, x, weights, saved, hidden, final_act, CpuBackend::dtypes());
-  const at::ScalarType storage = x.scalar_type(), compute = compute_type(storage);
-  const auto options = x.options().dtype(compute);
-  const at::Tensor x_rows = as_rows(x).to(compute);
-  const at::Tensor grad = as_rows(grad_y).to(compute).contiguous();
-  const at::Tensor saved_compute = saved.to(compute).contiguous();
+  const auto [storage, options, x_rows, grad, saved_compute] = backward_inputs(x, grad_y, saved);
+  const at::ScalarType compute = options.dtype().toScalarType();
   const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
   const std::vector<int64_t> widths = chain_widths(x, weights);
   const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_act);
@@ -279,11 +291,8 @@ gated_mlp_backward(const at::Tensor &grad_y, const at::Tensor &x, const at::Tens
   const char *op = "fusedmlp.gated_mlp_backward";
   const fmlp_activation act = parse_activation(activation);
   check_gated_backward(op, grad_y, x, w_gate, w_up, w_down, saved, CpuBackend::dtypes());
-  const at::ScalarType storage = x.scalar_type(), compute = compute_type(storage);
-  const auto options = x.options().dtype(compute);
-  const at::Tensor x_rows = as_rows(x).to(compute);
-  const at::Tensor grad = as_rows(grad_y).to(compute).contiguous();
-  const at::Tensor s = saved.to(compute).contiguous();
+  const auto [storage, options, x_rows, grad, s] = backward_inputs(x, grad_y, saved);
+  const at::ScalarType compute = options.dtype().toScalarType();
   const at::Tensor wg = w_gate.to(compute), wu = w_up.to(compute), wd = w_down.to(compute);
   const int64_t rows = x_rows.size(0);
   at::Tensor grad_x = at::empty({need_grad_x ? rows : 0, x_rows.size(1)}, options);

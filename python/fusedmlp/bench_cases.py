@@ -54,6 +54,8 @@ CASES: list[Case] = [
          16, (256, 256, 256, 256), "relu", 2, (8, 8, 8, 8)),
     Case("single_token", "one token: Linear+GELU(tanh) 1 x 768 -> 3072", "chain",
          1, (768, 3072), "gelu_tanh", 1, (8, 16), final_activation=True),
+    Case("gated_token", "one token through the GeGLU block 768 -> 3072 -> 768", "gated",
+         1, (768, 3072), "gelu_tanh", 1, (8, 40)),
     Case("narrow_tall", "narrow and tall: 65536 x (64->128->128->64) ReLU", "chain",
          65536, (64, 128, 128, 64), "relu", 100, (4, 8, 8, 4)),
     Case("train_step", "training step fwd+bwd: 256 x (512->512->512->512) ReLU", "train",
