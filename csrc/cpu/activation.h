@@ -2,6 +2,7 @@
  * see real_template.h). The switch sits outside the loops so each loop is a
  * plain vectorisable pass. */
 #include <math.h>
+#include <string.h>
 #include <tgmath.h>
 
 #include "fusedmlp/fusedmlp.h"
@@ -17,7 +18,8 @@ static inline REAL FN(gelu_tanh_inner)(REAL z) {
 
 static inline REAL FN(sigmoid)(REAL z) { return (REAL)1 / ((REAL)1 + exp(-z)); }
 
-#ifndef FMLP_SIMD_WIDTH /* SIMD kernels use their vectorised activate_span */
+#ifndef FMLP_SIMD_WIDTH /* SIMD kernels use vector_math.h's activate_span and
+                         * activation_grad_span */
 static void FN(activate_row)(REAL *v, int64_t n, fmlp_activation activation) {
   switch (activation) {
     case FMLP_ACT_RELU:
@@ -43,22 +45,20 @@ static void FN(activate_row)(REAL *v, int64_t n, fmlp_activation activation) {
   }
 }
 
-#endif
-
-/* grad[i] *= act'(pre[i]) */
-static void FN(activation_grad_row)(REAL *grad, const REAL *pre, int64_t n,
-                                    fmlp_activation activation) {
+/* out[i] = grad[i] * act'(pre[i]); out may be grad */
+static void FN(activation_grad_row)(REAL *out, const REAL *grad, const REAL *pre,
+                                    int64_t n, fmlp_activation activation) {
   switch (activation) {
     case FMLP_ACT_RELU:
       /* as torch's threshold_backward: a NaN pre-activation passes the gradient */
-      for (int64_t i = 0; i < n; ++i) grad[i] = pre[i] <= 0 ? (REAL)0 : grad[i];
+      for (int64_t i = 0; i < n; ++i) out[i] = pre[i] <= 0 ? (REAL)0 : grad[i];
       return;
     case FMLP_ACT_GELU:
       for (int64_t i = 0; i < n; ++i) {
         const REAL z = pre[i];
         const REAL cdf = (REAL)0.5 * ((REAL)1 + erf(z * (REAL)FMLP_INV_SQRT_2));
         const REAL pdf = (REAL)FMLP_INV_SQRT_2PI * exp((REAL)-0.5 * z * z);
-        grad[i] *= cdf + z * pdf;
+        out[i] = grad[i] * (cdf + z * pdf);
       }
       return;
     case FMLP_ACT_GELU_TANH:
@@ -67,17 +67,21 @@ static void FN(activation_grad_row)(REAL *grad, const REAL *pre, int64_t n,
         const REAL t = tanh(FN(gelu_tanh_inner)(z));
         const REAL inner_grad =
             (REAL)FMLP_SQRT_2_OVER_PI * ((REAL)1 + (REAL)(3 * FMLP_GELU_TANH_KAPPA) * z * z);
-        grad[i] *= (REAL)0.5 * ((REAL)1 + t) + (REAL)0.5 * z * ((REAL)1 - t * t) * inner_grad;
+        out[i] = grad[i] * ((REAL)0.5 * ((REAL)1 + t) +
+                            (REAL)0.5 * z * ((REAL)1 - t * t) * inner_grad);
       }
       return;
     case FMLP_ACT_SILU:
       for (int64_t i = 0; i < n; ++i) {
         const REAL s = FN(sigmoid)(pre[i]);
-        grad[i] *= s * ((REAL)1 + pre[i] * ((REAL)1 - s));
+        out[i] = grad[i] * s * ((REAL)1 + pre[i] * ((REAL)1 - s));
       }
       return;
     case FMLP_ACT_NONE:
     case FMLP_ACT_COUNT:
+      if (out != grad) memcpy(out, grad, (size_t)n * sizeof(REAL));
       return;
   }
 }
+
+#endif

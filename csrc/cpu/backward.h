@@ -20,19 +20,19 @@ static void FN(pointwise_backward_task)(void *context, int64_t begin, int64_t en
     const int64_t start = chunk * POINTWISE_CHUNK;
     const int64_t len = job->n - start < POINTWISE_CHUNK ? job->n - start : POINTWISE_CHUNK;
     REAL *grad_pre = job->grad_pre + start;
-    if (job->grad_up == NULL) {
-      memcpy(grad_pre, job->grad + start, (size_t)len * sizeof(REAL));
-    } else {
+    const REAL *grad = job->grad + start;
+    if (job->grad_up != NULL) {
       /* grad_up = grad * act(gate); grad_gate = grad * up * act'(gate) */
       REAL *grad_up = job->grad_up + start;
       memcpy(grad_up, job->pre + start, (size_t)len * sizeof(REAL));
       FN(activate_span)(grad_up, len, job->activation);
       for (int64_t i = 0; i < len; ++i) {
-        grad_up[i] *= job->grad[start + i];
-        grad_pre[i] = job->grad[start + i] * job->up[start + i];
+        grad_up[i] *= grad[i];
+        grad_pre[i] = grad[i] * job->up[start + i];
       }
+      grad = grad_pre;
     }
-    FN(activation_grad_row)(grad_pre, job->pre + start, len, job->activation);
+    FN(activation_grad_span)(grad_pre, grad, job->pre + start, len, job->activation);
   }
 }
 
@@ -108,8 +108,7 @@ static void FN(grad_pre_task)(void *context, int64_t begin, int64_t end) {
       const REAL *grad_pre = job->grad + r * width;
       if (job->pre != NULL) {
         REAL *out = job->grad_pre + r * width;
-        if (out != grad_pre) memcpy(out, grad_pre, (size_t)width * sizeof(REAL));
-        FN(activation_grad_row)(out, job->pre + r * width, width, job->activation);
+        FN(activation_grad_span)(out, grad_pre, job->pre + r * width, width, job->activation);
         grad_pre = out;
       }
       if (sums != NULL) {

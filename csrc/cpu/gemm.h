@@ -240,6 +240,11 @@ static void FN(activate_span)(REAL *v, int64_t n, fmlp_activation activation) {
   FN(activate_row)(v, n, activation);
 }
 
+static void FN(activation_grad_span)(REAL *out, const REAL *grad, const REAL *pre, int64_t n,
+                                     fmlp_activation activation) {
+  FN(activation_grad_row)(out, grad, pre, n, activation);
+}
+
 static void FN(finish_tile)(REAL acc[GEMM_MR][GEMM_NR], int64_t rows, int64_t cols, REAL *c,
                             int64_t ldc, const FN(tile_epilogue) *ep) {
   for (int64_t i = 0; i < rows; ++i) {

@@ -57,6 +57,10 @@ static inline vreal v_pow2_int(vreal n) {
 static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal otherwise) {
   return _mm256_blendv_ps(otherwise, if_true, _mm256_cmp_ps(a, b, _CMP_GT_OQ));
 }
+/* a <= b, false where either is NaN */
+static inline vreal v_select_less_equal(vreal a, vreal b, vreal if_true, vreal otherwise) {
+  return _mm256_blendv_ps(otherwise, if_true, _mm256_cmp_ps(a, b, _CMP_LE_OQ));
+}
 
 static inline float v_sum(vreal a) {
   __m128 quad = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

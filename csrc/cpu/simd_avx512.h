@@ -56,6 +56,10 @@ static inline vreal v_pow2_int(vreal n) {
 static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal otherwise) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), otherwise, if_true);
 }
+/* a <= b, false where either is NaN */
+static inline vreal v_select_less_equal(vreal a, vreal b, vreal if_true, vreal otherwise) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LE_OQ), otherwise, if_true);
+}
 
 static inline float v_sum(vreal a) { return _mm512_reduce_add_ps(a); }
 

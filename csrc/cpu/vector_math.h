@@ -113,3 +113,65 @@ static void FN(activate_span)(REAL *v, int64_t n, fmlp_activation activation) {
     v_store_first(v + i, tail, n - i);
   }
 }
+
+/* act'(z), the same formulas as the scalar activation_grad_row (activation.h). */
+static inline vreal FN(v_gelu_grad)(vreal z) {
+  const vreal one = v_set1(1.0f), half = v_set1(0.5f);
+  const vreal cdf = v_mul(half, v_add(one, FN(v_erf)(v_mul(z, v_set1(0.70710678118654752f)))));
+  const vreal pdf =
+      v_mul(v_set1(0.39894228040143267794f), FN(v_exp)(v_mul(v_mul(z, z), v_set1(-0.5f))));
+  return v_fma(z, pdf, cdf);
+}
+
+/* 0.5 (1 + t) + 0.5 z (1 - t^2) u' for t = tanh(u), written with
+ * h = 0.5 (1 + t) = sigmoid(2u) and r = 1 - h = sigmoid(-2u), both from
+ * a = exp(-2|u|) <= 1, as h + 2 z h r u': 1 + t and 1 - t^2 = 4 h r then
+ * never cancel (|t| near 1), and an overflow in z^3 or an infinite z gives
+ * NaN as torch's gelu_backward does. */
+static inline vreal FN(v_gelu_tanh_grad)(vreal z) {
+  const vreal one = v_set1(1.0f), z2 = v_mul(z, z);
+  const vreal u = v_mul(v_set1(0.79788456080286535588f), v_fma(v_set1(0.044715f), v_mul(z2, z), z));
+  const vreal a = FN(v_exp)(v_mul(v_set1(-2.0f), v_abs(u)));
+  const vreal big = v_div(one, v_add(one, a)), small = v_mul(a, big);
+  const vreal h = v_select_greater(v_zero(), u, small, big);
+  const vreal r = v_select_greater(v_zero(), u, big, small);
+  const vreal du = v_mul(v_set1(0.79788456080286535588f), v_fma(v_set1(3 * 0.044715f), z2, one));
+  return v_fma(v_mul(v_add(z, z), v_mul(h, r)), du, h);
+}
+
+static inline vreal FN(v_silu_grad)(vreal z) {
+  const vreal one = v_set1(1.0f);
+  const vreal s = v_div(one, v_add(one, FN(v_exp)(v_sub(v_zero(), z))));
+  return v_mul(s, v_fma(z, v_sub(one, s), one));
+}
+
+/* grad * act'(pre); ReLU's is a select, as torch's threshold_backward: a NaN
+ * pre-activation passes the gradient. */
+static inline __attribute__((always_inline)) vreal FN(v_activation_grad)(
+    vreal grad, vreal pre, fmlp_activation activation) {
+  switch (activation) {
+    case FMLP_ACT_RELU: return v_select_less_equal(pre, v_zero(), v_zero(), grad);
+    case FMLP_ACT_GELU: return v_mul(grad, FN(v_gelu_grad)(pre));
+    case FMLP_ACT_GELU_TANH: return v_mul(grad, FN(v_gelu_tanh_grad)(pre));
+    case FMLP_ACT_SILU: return v_mul(grad, FN(v_silu_grad)(pre));
+    case FMLP_ACT_NONE:
+    case FMLP_ACT_COUNT: break;
+  }
+  return grad;
+}
+
+/* out[0, n) = grad * act'(pre), a vector at a time; the tail is masked.
+ * out may be grad. */
+static void FN(activation_grad_span)(REAL *out, const REAL *grad, const REAL *pre, int64_t n,
+                                     fmlp_activation activation) {
+  int64_t i = 0;
+  for (; i + FMLP_SIMD_WIDTH <= n; i += FMLP_SIMD_WIDTH) {
+    v_store(out + i, FN(v_activation_grad)(v_load(grad + i), v_load(pre + i), activation));
+  }
+  if (i < n) {
+    const vreal tail =
+        FN(v_activation_grad)(v_load_first(grad + i, n - i), v_load_first(pre + i, n - i),
+                              activation);
+    v_store_first(out + i, tail, n - i);
+  }
+}
