@@ -153,6 +153,24 @@ static void FN(pack_rows_k_major)(const REAL *src, int64_t rs, int64_t cs, int64
   }
 }
 
+/* pack_rows_k_major, with rows of unit column stride (the forward's operands)
+ * transposed through registers, W x W at a time. */
+static void FN(pack_k_major)(const REAL *src, int64_t rs, int64_t cs, int64_t count,
+                             int64_t width, int64_t k, REAL *dst) {
+#ifdef FMLP_SIMD_WIDTH
+  if (cs == 1) {
+    for (int64_t half = 0; half < width; half += FMLP_SIMD_WIDTH) {
+      const int64_t stored = width - half < FMLP_SIMD_WIDTH ? width - half : FMLP_SIMD_WIDTH;
+      const int64_t n_rows = count - half < 0 ? 0 : count - half < stored ? count - half : stored;
+      FN(pack_transposed_block)(n_rows > 0 ? src + half * rs : src, rs, n_rows, stored, k,
+                                dst + half, width);
+    }
+    return;
+  }
+#endif
+  FN(pack_rows_k_major)(src, rs, cs, count, width, k, dst);
+}
+
 static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
   const FN(packed_weight) *packed = context;
   const int64_t n = packed->n, k = packed->k, n_panels = (n + GEMM_NR - 1) / GEMM_NR;
@@ -162,20 +180,9 @@ static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
   const int64_t last = end * PACK_PANELS_PER_TASK < n_panels ? end * PACK_PANELS_PER_TASK
                                                              : n_panels;
   for (int64_t p = first; p < last; ++p) {
-    REAL *panel = packed->data + p * k * GEMM_NR;
-#ifdef FMLP_SIMD_WIDTH
-    if (cs == 1) {
-      for (int64_t half = 0; half < GEMM_NR; half += FMLP_SIMD_WIDTH) {
-        const int64_t j0 = p * GEMM_NR + half;
-        const int64_t n_rows = n - j0 < 0 ? 0 : n - j0 < FMLP_SIMD_WIDTH ? n - j0 : FMLP_SIMD_WIDTH;
-        FN(pack_transposed_block)(n_rows > 0 ? src + j0 * rs : src, rs, n_rows, FMLP_SIMD_WIDTH,
-                                  k, panel + half, GEMM_NR);
-      }
-      continue;
-    }
-#endif
     const int64_t count = n - p * GEMM_NR < GEMM_NR ? n - p * GEMM_NR : GEMM_NR;
-    FN(pack_rows_k_major)(src + p * GEMM_NR * rs, rs, cs, count, GEMM_NR, k, panel);
+    FN(pack_k_major)(src + p * GEMM_NR * rs, rs, cs, count, GEMM_NR, k,
+                     packed->data + p * k * GEMM_NR);
   }
 }
 
@@ -206,18 +213,9 @@ static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t r
 static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t kc, REAL *dst) {
   const REAL *src = x.data;
   for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
-    REAL *panel = dst + (ir / GEMM_MR) * kc * GEMM_MR;
-#ifdef FMLP_SIMD_WIDTH
-    if (x.col_stride == 1) {
-      const int64_t n_rows = mc - ir < GEMM_MR ? mc - ir : GEMM_MR;
-      FN(pack_transposed_block)(src + ir * x.row_stride + pc, x.row_stride, n_rows, GEMM_MR, kc,
-                                panel, GEMM_MR);
-      continue;
-    }
-#endif
-    FN(pack_rows_k_major)(src + ir * x.row_stride + pc * x.col_stride, x.row_stride,
-                          x.col_stride, mc - ir < GEMM_MR ? mc - ir : GEMM_MR, GEMM_MR, kc,
-                          panel);
+    FN(pack_k_major)(src + ir * x.row_stride + pc * x.col_stride, x.row_stride, x.col_stride,
+                     mc - ir < GEMM_MR ? mc - ir : GEMM_MR, GEMM_MR, kc,
+                     dst + (ir / GEMM_MR) * kc * GEMM_MR);
   }
 }
 
@@ -354,8 +352,8 @@ static void FN(gemm_rows_unpacked)(fmlp_input x, int64_t rows, const FN(packed_w
     const int64_t count = rows - m0 < GEMM_NR ? rows - m0 : GEMM_NR;
     const int narrow = count <= FMLP_SIMD_WIDTH;
     const int64_t tile_rows = narrow ? TRANSPOSED_NARROW_MR : GEMM_MR;
-    FN(pack_rows_k_major)((const REAL *)x.data + m0 * x.row_stride, x.row_stride, x.col_stride,
-                          count, narrow ? FMLP_SIMD_WIDTH : GEMM_NR, k, scratch);
+    FN(pack_k_major)((const REAL *)x.data + m0 * x.row_stride, x.row_stride, x.col_stride, count,
+                     narrow ? FMLP_SIMD_WIDTH : GEMM_NR, k, scratch);
     for (int64_t j0 = 0; j0 < n; j0 += tile_rows) {
       const int64_t n_rows = n - j0 < tile_rows ? n - j0 : tile_rows;
       const REAL *w_rows[TRANSPOSED_NARROW_MR];
