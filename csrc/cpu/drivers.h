@@ -48,6 +48,16 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
   return block > 0 ? block : 1;
 }
 
+/* Huge-page advice for an output of rows rows `stride` apart, before its
+ * first write (see fmlp_advise_huge_pages). */
+static void FN(advise_output)(void *data, int64_t rows, int64_t stride) {
+  int64_t bytes;
+  if (fmlp_checked_mul(rows, stride, &bytes) &&
+      fmlp_checked_mul(bytes, (int64_t)sizeof(REAL), &bytes)) {
+    fmlp_advise_huge_pages(data, bytes);
+  }
+}
+
 static void FN(free_packed)(FN(packed_weight) *packed, int64_t count) {
   for (int64_t i = 0; i < count; ++i) free(packed[i].data);
 }
@@ -259,6 +269,13 @@ static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
 
 fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threading *threading) {
   if (a->rows == 0) return FMLP_OK;
+  FN(advise_output)(a->y, a->rows, a->y_row_stride);
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    if (a->saved_pre != NULL) FN(advise_output)(a->saved_pre[l], a->rows, a->widths[l + 1]);
+    if (a->saved_hidden != NULL) {
+      FN(advise_output)(a->saved_hidden[l], a->rows, a->widths[l + 1]);
+    }
+  }
   FN(packed_weight) *packed = calloc((size_t)a->n_layers, sizeof(*packed));
   if (packed == NULL) return FMLP_ERR_OUT_OF_MEMORY;
   fmlp_status status = FMLP_OK;
@@ -340,6 +357,10 @@ static void FN(gated_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
 
 fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threading *threading) {
   if (a->rows == 0) return FMLP_OK;
+  FN(advise_output)(a->y, a->rows, a->y_row_stride);
+  FN(advise_output)(a->saved_gate, a->rows, a->hidden);
+  FN(advise_output)(a->saved_up, a->rows, a->hidden);
+  FN(advise_output)(a->saved_product, a->rows, a->hidden);
   FN(gated_job) job = {.args = a};
   fmlp_status status =
       FN(pack_weight)(a->w_gate, a->hidden, a->dim, a->rows, threading, &job.gate);

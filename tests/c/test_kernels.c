@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fusedmlp/cpu.h"
+#include "memory.h"
 
 typedef struct {
   int passed, failed;
@@ -504,6 +505,21 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
   free(x_data);
 }
 
+/* Large scratch is huge-page aligned; advising keeps contents and accepts any range. */
+static void test_huge_page_advice(tally *t) {
+  const int64_t count = 3 * FMLP_HUGE_PAGE_BYTES / (int64_t)sizeof(float) + 5;
+  float *scratch = fmlp_alloc_scratch(count, sizeof(float));
+  int ok = scratch != NULL && (uintptr_t)scratch % (uintptr_t)FMLP_HUGE_PAGE_BYTES == 0;
+  for (int64_t i = 0; ok && i < count; ++i) scratch[i] = (float)(i % 1000);
+  fmlp_advise_huge_pages(scratch + 3, (count - 3) * (int64_t)sizeof(float));
+  fmlp_advise_huge_pages(NULL, 1 << 30);
+  fmlp_advise_huge_pages(scratch, 100);
+  for (int64_t i = 0; ok && i < count; ++i) ok = scratch[i] == (float)(i % 1000);
+  free(scratch);
+  ok ? t->passed++ : t->failed++;
+  if (!ok) fprintf(stderr, "FAIL huge-page scratch alignment or contents\n");
+}
+
 static void test_invalid_arguments(tally *t) {
   const int64_t widths[2] = {3, 4};
   const fmlp_cpu_chain_args bad_activation = {
@@ -577,6 +593,7 @@ int main(void) {
   }
   for (int64_t rows = 1; rows <= 65; rows += 64) test_gated_product_stage(&t, rows, &serial);
   test_invalid_arguments(&t);
+  test_huge_page_advice(&t);
   printf("%d passed, %d failed\n", t.passed, t.failed);
   return t.failed == 0 ? 0 : 1;
 }
