@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "fusedmlp/cpu.h"
+#include "reference.h"
 
 /* ---- random numbers (splitmix64: reproducible from the seed) ---- */
 
@@ -119,36 +120,6 @@ static double at(const operand *m, int64_t r, int64_t c) {
 }
 
 static fmlp_input input_of(const operand *m) { return (fmlp_input){m->data, m->row_stride, m->col_stride}; }
-
-/* ---- the reference ---- */
-
-static double activate(double z, fmlp_activation activation) {
-  switch (activation) {
-    case FMLP_ACT_RELU: return z < 0 ? 0 : z; /* keeps NaN, like torch.relu */
-    case FMLP_ACT_GELU: return 0.5 * z * (1 + erf(z / sqrt(2.0)));
-    case FMLP_ACT_GELU_TANH:
-      return 0.5 * z * (1 + tanh(0.79788456080286535588 * (z + 0.044715 * z * z * z)));
-    case FMLP_ACT_SILU: return z / (1 + exp(-z));
-    default: return z;
-  }
-}
-
-static double activation_grad(double z, fmlp_activation activation) {
-  switch (activation) {
-    case FMLP_ACT_RELU: return z > 0 ? 1 : 0;
-    case FMLP_ACT_GELU:
-      return 0.5 * (1 + erf(z / sqrt(2.0))) + z * exp(-0.5 * z * z) * 0.39894228040143267794;
-    case FMLP_ACT_GELU_TANH: {
-      const double k = 0.79788456080286535588, t = tanh(k * (z + 0.044715 * z * z * z));
-      return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * k * (1 + 3 * 0.044715 * z * z);
-    }
-    case FMLP_ACT_SILU: {
-      const double s = 1 / (1 + exp(-z));
-      return s * (1 + z * (1 - s));
-    }
-    default: return 1;
-  }
-}
 
 /* ---- comparisons ---- */
 
@@ -342,7 +313,7 @@ static void fuzz_chain(tally *t, fmlp_dtype dtype) {
           expect_close(t, get(pre[l], dtype, r * widths[l + 1] + j), z, rtol_of(dtype),
                        atol_of(dtype), "saved_pre", l);
         }
-        next[j] = activate(z, act);
+        next[j] = reference_activation(z, act);
         next[j] = dtype == FMLP_F32 ? (double)(float)next[j] : next[j];
         if (last) {
           expect_close(t, get(y.data, dtype, r * y.row_stride + j), next[j], rtol_of(dtype),
@@ -433,7 +404,7 @@ static void fuzz_gated(tally *t, fmlp_dtype dtype) {
         g = (double)(float)g;
         u = (double)(float)u;
       }
-      product[j] = activate(g, activation) * u;
+      product[j] = reference_activation(g, activation) * u;
       if (dtype == FMLP_F32) product[j] = (double)(float)product[j];
       const double tol = rtol_of(dtype), atol = atol_of(dtype);
       if (saved[0] != NULL) expect_close(t, get(saved[0], dtype, r * hidden + j), g, tol, atol, "saved_gate", j);
@@ -495,12 +466,12 @@ static void fuzz_backward(tally *t, fmlp_dtype dtype, int gated) {
     const double g = get(grad, dtype, i), z = get(pre, dtype, i);
     if (gated) {
       const double u = get(up, dtype, i);
-      expect_close(t, get(out, dtype, i), g * u * activation_grad(z, activation), rtol,
-                   atol * (1 + fabs(g * u)), "grad_gate", i);
-      expect_close(t, get(out_up, dtype, i), g * activate(z, activation), rtol,
+      expect_close(t, get(out, dtype, i), g * u * reference_activation_grad(z, activation),
+                   rtol, atol * (1 + fabs(g * u)), "grad_gate", i);
+      expect_close(t, get(out_up, dtype, i), g * reference_activation(z, activation), rtol,
                    atol * (1 + fabs(g * z)), "grad_up", i);
     } else {
-      expect_close(t, get(out, dtype, i), g * activation_grad(z, activation), rtol,
+      expect_close(t, get(out, dtype, i), g * reference_activation_grad(z, activation), rtol,
                    atol * (1 + fabs(g)), "grad_pre", i);
     }
   }

@@ -9,21 +9,11 @@
 
 #include "fusedmlp/cpu.h"
 #include "memory.h"
+#include "reference.h"
 
 typedef struct {
   int passed, failed;
 } tally;
-
-static double reference_activation(double z, fmlp_activation activation) {
-  switch (activation) {
-    case FMLP_ACT_RELU: return z < 0 ? 0 : z;
-    case FMLP_ACT_GELU: return 0.5 * z * (1 + erf(z / sqrt(2.0)));
-    case FMLP_ACT_GELU_TANH:
-      return 0.5 * z * (1 + tanh(0.79788456080286535588 * (z + 0.044715 * z * z * z)));
-    case FMLP_ACT_SILU: return z / (1 + exp(-z));
-    default: return z;
-  }
-}
 
 /* A deterministic value in [-1, 1) for element i of a matrix seeded by seed. */
 static double sample(uint64_t seed, int64_t i) {
@@ -264,21 +254,6 @@ static void test_activation_backward(tally *t, fmlp_dtype dtype, fmlp_activation
     check_close(t, "activation backward", out[i], grad[i] * slope, 1e-7);
   }
   if (t->failed == before) t->passed++;
-}
-
-static double reference_activation_grad(double z, fmlp_activation activation) {
-  const double s = 1 / (1 + exp(-z));
-  const double inner = 0.79788456080286535588 * (z + 0.044715 * z * z * z);
-  switch (activation) {
-    case FMLP_ACT_RELU: return z <= 0 ? 0 : 1;
-    case FMLP_ACT_GELU:
-      return 0.5 * (1 + erf(z / sqrt(2.0))) + 0.39894228040143267794 * z * exp(-0.5 * z * z);
-    case FMLP_ACT_GELU_TANH:
-      return 0.5 * (1 + tanh(inner)) + 0.5 * z * (1 - tanh(inner) * tanh(inner)) *
-                                           0.79788456080286535588 * (1 + 3 * 0.044715 * z * z);
-    case FMLP_ACT_SILU: return s * (1 + z * (1 - s));
-    default: return 1;
-  }
 }
 
 /* A two-layer chain's gradients: a training fmlp_cpu_chain, then
