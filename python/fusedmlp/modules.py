@@ -9,7 +9,17 @@ import torch
 from torch import Tensor, nn
 
 from .activations import activation_module, activation_name, check_activation
-from .functional import gated_mlp, linear, mlp
+from .functional import check_tensor, gated_mlp, linear, run_mlp
+
+
+def _registered(module: nn.Module, name: str) -> object:
+    """module.<name> for a parameter or child module, read from nn.Module's own dicts:
+    its __getattr__ costs ~0.6 us a lookup, 3.6 us of a call to a three-layer FusedMLP.
+    A name in neither (a parametrized weight is a class property) takes the normal path."""
+    for registry in (module._parameters, module._modules):
+        if name in registry:
+            return registry[name]
+    return getattr(module, name)
 
 
 class FusedLinear(nn.Linear):
@@ -46,7 +56,7 @@ class FusedLinear(nn.Linear):
         return fused
 
     def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias, self.activation)
+        return linear(x, _registered(self, "weight"), _registered(self, "bias"), self.activation)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, activation={self.activation}"
@@ -100,9 +110,10 @@ class FusedMLP(nn.Sequential):
 
     def forward(self, x: Tensor) -> Tensor:
         layers = self.linears()
-        return mlp(
-            x, [layer.weight for layer in layers], [layer.bias for layer in layers], self.activation
-        )
+        weights = [_registered(layer, "weight") for layer in layers]
+        biases = [_registered(layer, "bias") for layer in layers]
+        check_tensor("x", x)  # the rest are this module's own Linear parameters
+        return run_mlp(x, weights, biases, self.activation)
 
 
 def _chain_activation(modules: list[nn.Module]) -> str | None:
@@ -150,16 +161,10 @@ class FusedGatedMLP(nn.Module):
         return fused
 
     def forward(self, x: Tensor) -> Tensor:
-        return gated_mlp(
-            x,
-            self.gate_proj.weight,
-            self.up_proj.weight,
-            self.down_proj.weight,
-            self.activation,
-            self.gate_proj.bias,
-            self.up_proj.bias,
-            self.down_proj.bias,
-        )
+        projections = [_registered(self, name) for name in ("gate_proj", "up_proj", "down_proj")]
+        weights = [_registered(p, "weight") for p in projections]
+        biases = [_registered(p, "bias") for p in projections]
+        return gated_mlp(x, *weights, self.activation, *biases)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation}"
