@@ -69,10 +69,12 @@ def test_linear_strided_operands(isa, transposed, generator):
     assert_matches_reference(y, reference_linear(x.double(), w.double(), None, "gelu"))
 
 
-@pytest.mark.parametrize("rows", [1, 16, 64, 65, 300])
+# 5..32 rows: the hidden layers hand their outputs over in the kernels' lanes layout
+@pytest.mark.parametrize("rows", [1, 5, 9, 16, 17, 32, 33, 64, 65, 300])
 def test_mlp_and_gated(isa, rows, generator):
     x = sample(rows, 40, generator=generator)
-    weights = [sample(o, i, generator=generator, scale=i**-0.5) for i, o in ((40, 70), (70, 33))]
+    shapes = ((40, 70), (70, 33), (33, 50))
+    weights = [sample(o, i, generator=generator, scale=i**-0.5) for i, o in shapes]
     biases = [sample(w.shape[0], generator=generator) for w in weights]
     y = fusedmlp.mlp(x, weights, biases, "silu")
     torch.testing.assert_close(y, portable(fusedmlp.mlp, x, weights, biases, "silu"))

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 
 #include "gemm.h"
+#include "spin_wait.h"
 
 /* Row blocks run through every layer while the weights stay in cache, so a
  * block's activations never leave L2; larger weights get one block per
@@ -69,11 +70,11 @@ static REAL *FN(rows_at)(void *base, int64_t row, int64_t stride) {
 /* ---- row blocks as tasks ---- */
 
 /* An op's row blocks: each task allocates its scratch once (an input pack and
- * scratch_matrices matrices of block_rows x scratch_cols) and runs its blocks
- * through run_block. */
+ * scratch_matrices matrices of scratch_rows x scratch_cols) and runs its
+ * blocks through run_block. */
 typedef struct {
   int64_t rows, n_blocks, block_rows; /* block_rows: the most rows one block holds */
-  int64_t input_pack_elems, scratch_matrices, scratch_cols;
+  int64_t input_pack_elems, scratch_matrices, scratch_rows, scratch_cols;
   void (*run_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack, REAL *scratch);
   const void *op;
   atomic_int status;
@@ -97,6 +98,7 @@ static void FN(partition_rows)(FN(row_blocks) *blocks, int64_t weight_elems,
   blocks->n_blocks = n > 0 ? n : 1;
   const int64_t most = (tiles + blocks->n_blocks - 1) / blocks->n_blocks * GEMM_MR;
   blocks->block_rows = n <= 1 || most > rows ? rows : most;
+  blocks->scratch_rows = blocks->block_rows;
 }
 
 /* Part `part` of `parts` near-equal slices of [0, total) made of whole units
@@ -115,7 +117,7 @@ static void FN(even_split)(int64_t total, int64_t unit, int64_t parts, int64_t p
 static void FN(row_block_task)(void *context, int64_t begin, int64_t end) {
   FN(row_blocks) *blocks = context;
   REAL *input_pack = fmlp_alloc_scratch(blocks->input_pack_elems, sizeof(REAL));
-  REAL *scratch = fmlp_alloc_matrices(blocks->scratch_matrices, blocks->block_rows,
+  REAL *scratch = fmlp_alloc_matrices(blocks->scratch_matrices, blocks->scratch_rows,
                                       blocks->scratch_cols, sizeof(REAL));
   if (input_pack == NULL || scratch == NULL) {
     atomic_store(&blocks->status, FMLP_ERR_OUT_OF_MEMORY);
@@ -144,29 +146,31 @@ static fmlp_status FN(run_row_blocks)(FN(row_blocks) *blocks, int64_t weight_ele
 
 /* ---- few rows: products split by columns ---- */
 
-/* A product's columns are split from this many multiply-adds (~10 us on one
- * core) on: one fork/join per product, against a row block's one per op.
- * Measured, 16 x (256 -> 256 -> 256 -> 256) ReLU on 2 threads: 86 us serial,
- * 58 us split. */
+/* An op's products are split by columns from this many multiply-adds (~10 us
+ * on one core) on. Measured, 16 x (256 -> 256 -> 256 -> 256) ReLU on 2
+ * threads: 86 us serial, 58 us split (both through torch.ops). */
 #define COLUMN_SPLIT_MIN_MULTIPLY_ADDS ((int64_t)1 << 19)
 
-/* Few rows make one row block, which one thread would run alone; a product
- * whose weight is read in place (unpacked) then has its output columns split
- * over `threading`'s threads instead, task t packing its input into
- * packs + t * pack_elems. threading NULL: never split. */
+/* Few rows make one row block, which one thread would run alone; its products
+ * then run as stages whose output columns are split over `threading`'s
+ * threads instead, task t packing its inputs into packs + t * pack_elems.
+ * threading NULL: never split. */
 typedef struct {
   const fmlp_threading *threading;
   REAL *packs;
   int64_t pack_elems;
 } FN(column_split);
 
-/* The split for an op partitioned into `blocks` (input_pack_elems set). */
-static fmlp_status FN(column_split_for)(const FN(row_blocks) *blocks,
+/* The split for an op partitioned into `blocks` (input_pack_elems set) with
+ * weight_elems multiply-adds a row. */
+static fmlp_status FN(column_split_for)(const FN(row_blocks) *blocks, int64_t weight_elems,
                                         const fmlp_threading *threading,
                                         FN(column_split) *split) {
   *split = (FN(column_split)){NULL, NULL, 0};
+  int64_t multiply_adds;
+  if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
   if (blocks->n_blocks != 1 || blocks->rows > GEMM_UNPACKED_MAX_ROWS || threading == NULL ||
-      threading->n_threads <= 1) {
+      threading->n_threads <= 1 || multiply_adds < COLUMN_SPLIT_MIN_MULTIPLY_ADDS) {
     return FMLP_OK;
   }
   split->pack_elems = blocks->input_pack_elems;
@@ -176,56 +180,109 @@ static fmlp_status FN(column_split_for)(const FN(row_blocks) *blocks,
   return FMLP_OK;
 }
 
-/* One product, its output columns cut into n_tasks slices. */
+/* Task `task` of n_tasks's share [*j0, *j0 + *count) of n output columns: whole
+ * MR-wide slices, or all of them for task 0 when the product cannot be cut
+ * (a packed weight). */
+static void FN(column_part)(int64_t n, int whole, int64_t task, int64_t n_tasks, int64_t *j0,
+                            int64_t *count) {
+  if (whole || n_tasks == 1) {
+    *j0 = 0;
+    *count = task == 0 ? n : 0;
+    return;
+  }
+  FN(even_split)(n, GEMM_MR, n_tasks, task, j0, count);
+}
+
+/* gemm_rows for output columns [j0, j0 + count) (a packed weight: only all
+ * of them), from `in` or, when set, from in_lanes (see lanes_width). */
+static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t rows,
+                                  const FN(packed_weight) *w, int64_t j0, int64_t count,
+                                  const REAL *bias, fmlp_activation activation,
+                                  FN(product_out) out, REAL *input_pack) {
+  if (count == 0) return;
+  const FN(packed_weight) part = {
+      w->data,
+      {(const REAL *)w->source.data + j0 * w->source.row_stride, w->source.row_stride,
+       w->source.col_stride},
+      count,
+      w->k};
+  const REAL *part_bias = bias != NULL ? bias + j0 : NULL;
+  REAL *part_pre = out.pre != NULL ? out.pre + j0 : NULL;
+#ifdef FMLP_SIMD_WIDTH
+  if (in_lanes != NULL || out.c_lanes != NULL) {
+    const FN(product_out) part_out = {
+        .c = out.c != NULL ? out.c + j0 : NULL,
+        .c_lanes = out.c_lanes != NULL ? out.c_lanes + j0 * FN(lanes_width)(rows) : NULL,
+        .pre = part_pre,
+        .ldc = out.ldc,
+        .pre_stride = out.pre_stride};
+    FN(transposed_rows)(in, in_lanes, rows, &part, part_bias, activation, part_out, input_pack);
+    return;
+  }
+#else
+  (void)in_lanes; /* lanes only come with the SIMD kernels */
+#endif
+  FN(gemm_rows)(in, rows, &part, part_bias, activation, out.c + j0, out.ldc, part_pre,
+                out.pre_stride, input_pack);
+}
+
+/* gemm_rows_columns for task `task` of n_tasks's share of the output columns. */
+static void FN(gemm_rows_part)(fmlp_input in, const REAL *in_lanes, int64_t rows,
+                               const FN(packed_weight) *w, const REAL *bias,
+                               fmlp_activation activation, FN(product_out) out, int64_t task,
+                               int64_t n_tasks, REAL *input_pack) {
+  int64_t j0, count;
+  FN(column_part)(w->n, w->data != NULL, task, n_tasks, &j0, &count);
+  FN(gemm_rows_columns)(in, in_lanes, rows, w, j0, count, bias, activation, out, input_pack);
+}
+
+/* Part `task` of n_tasks of stage `stage` of a row block's products. */
+typedef void (*FN(stage_part_fn))(const void *block, int64_t stage, int64_t task,
+                                  int64_t n_tasks, REAL *input_pack);
+
+/* Stages as tasks numbered stage by stage, claimed in that order from the
+ * task queue; a task starts once every task of the stages before it is done.
+ * A waiting thread so only ever waits for tasks that running threads have
+ * claimed: one thread alone, or threads that start late, still finish. */
 typedef struct {
   const FN(column_split) *split;
-  fmlp_input in;
-  int64_t rows, n_tasks, ldc, pre_stride;
-  const FN(packed_weight) *w; /* read in place */
-  const REAL *bias;
-  fmlp_activation activation;
-  REAL *out, *pre;
-} FN(column_slices);
+  FN(stage_part_fn) part;
+  const void *block;
+  int64_t n_tasks; /* a stage */
+  atomic_llong done;
+} FN(column_stages);
 
-static void FN(column_slices_task)(void *context, int64_t begin, int64_t end) {
-  const FN(column_slices) *job = context;
-  const FN(packed_weight) *w = job->w;
+static void FN(column_stage_task)(void *context, int64_t begin, int64_t end) {
+  FN(column_stages) *stages = context;
+  const int64_t n = stages->n_tasks;
   for (int64_t task = begin; task < end; ++task) {
-    int64_t j0, count;
-    FN(even_split)(w->n, GEMM_MR, job->n_tasks, task, &j0, &count);
-    if (count == 0) continue;
-    const FN(packed_weight) slice = {
-        NULL,
-        {(const REAL *)w->source.data + j0 * w->source.row_stride, w->source.row_stride,
-         w->source.col_stride},
-        count,
-        w->k};
-    FN(gemm_rows)(job->in, job->rows, &slice, job->bias != NULL ? job->bias + j0 : NULL,
-                  job->activation, job->out + j0, job->ldc,
-                  job->pre != NULL ? job->pre + j0 : NULL, job->pre_stride,
-                  job->split->packs + task * job->split->pack_elems);
+    const int64_t stage = task / n, part = task % n;
+    for (int64_t spin = 0; atomic_load_explicit(&stages->done, memory_order_acquire) < stage * n;
+         ++spin) {
+      fmlp_spin_wait_step(spin);
+    }
+    stages->part(stages->block, stage, part, n,
+                 stages->split->packs + part * stages->split->pack_elems);
+    atomic_fetch_add_explicit(&stages->done, 1, memory_order_release);
   }
 }
 
-/* gemm_rows, with its columns split over threads when `split` allows, the
- * weight is read in place and the product is worth it. */
-static void FN(split_gemm_rows)(const FN(column_split) *split, fmlp_input in, int64_t rows,
-                                const FN(packed_weight) *w, const REAL *bias,
-                                fmlp_activation activation, REAL *c, int64_t ldc, REAL *pre,
-                                int64_t pre_stride, REAL *input_pack) {
-  int64_t multiply_adds = 0;
-  if (!fmlp_checked_mul(rows, w->n * w->k, &multiply_adds)) multiply_adds = INT64_MAX;
-  const fmlp_threading *threading =
-      FN(threading_for)(split->threading, multiply_adds, COLUMN_SPLIT_MIN_MULTIPLY_ADDS);
-  if (threading == NULL || w->data != NULL) {
-    FN(gemm_rows)(in, rows, w, bias, activation, c, ldc, pre, pre_stride, input_pack);
+/* Stage after stage of a row block's products: with `split`, in one parallel
+ * region, as a fork/join costs ~1.5 us against the ~9 us that splitting a
+ * 16 x 256 -> 256 product over 2 threads saves (16 x 256^4 ReLU, below
+ * autograd: 47.3 us with a fork/join per product, 46.0 us in one region);
+ * otherwise serially, packing into input_pack. */
+static void FN(run_column_stages)(const FN(column_split) *split, int64_t n_stages,
+                                  FN(stage_part_fn) part, const void *block,
+                                  REAL *input_pack) {
+  if (split->threading == NULL) {
+    for (int64_t stage = 0; stage < n_stages; ++stage) part(block, stage, 0, 1, input_pack);
     return;
   }
-  const FN(column_slices) slices = {
-      .split = split, .in = in, .rows = rows, .n_tasks = threading->n_threads, .ldc = ldc,
-      .pre_stride = pre_stride, .w = w, .bias = bias, .activation = activation, .out = c,
-      .pre = pre};
-  FN(run_tasks)(threading, slices.n_tasks, (void *)&slices, FN(column_slices_task));
+  FN(column_stages) stages = {
+      .split = split, .part = part, .block = block, .n_tasks = split->threading->n_threads};
+  atomic_init(&stages.done, 0);
+  FN(run_tasks)(split->threading, n_stages * stages.n_tasks, &stages, FN(column_stage_task));
 }
 
 /* ---- layer chains: Linear (one layer) and MLP ---- */
@@ -233,38 +290,85 @@ static void FN(split_gemm_rows)(const FN(column_split) *split, fmlp_input in, in
 typedef struct {
   const fmlp_cpu_chain_args *args;
   const FN(packed_weight) *packed;
-  int64_t block_rows, max_hidden;
+  int64_t scratch_rows, max_hidden;
   FN(column_split) split;
 } FN(chain_job);
 
-/* scratch: two block_rows x max_hidden matrices the hidden layers ping-pong through */
+/* One row block of a chain: its rows and where each layer's output goes. */
+typedef struct {
+  const FN(chain_job) *job;
+  int64_t r0, rows;
+  REAL *ping_pong[2]; /* scratch_rows x max_hidden each, for hidden outputs not saved */
+} FN(chain_rows);
+
+/* Whether layer l leaves its output to layer l + 1 in lanes layout: both
+ * read their weights in place (few rows) and nobody needs it row-major. */
+static int FN(hands_off_lanes)(const FN(chain_rows) *b, int64_t l) {
+#ifdef FMLP_SIMD_WIDTH
+  const fmlp_cpu_chain_args *a = b->job->args;
+  const FN(packed_weight) *packed = b->job->packed;
+  if (l + 1 >= a->n_layers || !FN(lanes_possible)(b->rows)) return 0;
+  if (a->saved_hidden != NULL && a->saved_hidden[l] != NULL) return 0;
+  return packed[l].data == NULL && packed[l + 1].data == NULL && a->widths[l] > 0 &&
+         a->widths[l + 1] > 0 && a->widths[l + 2] > 0;
+#else
+  (void)b;
+  (void)l;
+  return 0;
+#endif
+}
+
+/* Layer l's row-major output for the block, and its row stride. */
+static REAL *FN(chain_output)(const FN(chain_rows) *b, int64_t l, int64_t *ldc) {
+  const fmlp_cpu_chain_args *a = b->job->args;
+  *ldc = a->widths[l + 1];
+  if (l == a->n_layers - 1) {
+    *ldc = a->y_row_stride;
+    return FN(rows_at)(a->y, b->r0, a->y_row_stride);
+  }
+  if (a->saved_hidden != NULL && a->saved_hidden[l] != NULL) {
+    return FN(rows_at)(a->saved_hidden[l], b->r0, *ldc);
+  }
+  return b->ping_pong[l % 2];
+}
+
+/* Stage l: task `task`'s columns of layer l. */
+static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int64_t n_tasks,
+                                 REAL *input_pack) {
+  const FN(chain_rows) *b = block;
+  const fmlp_cpu_chain_args *a = b->job->args;
+  const int64_t width = a->widths[l + 1];
+  fmlp_input in = {(const REAL *)a->x.data + b->r0 * a->x.row_stride, a->x.row_stride,
+                   a->x.col_stride};
+  const REAL *in_lanes = NULL;
+  if (l > 0 && FN(hands_off_lanes)(b, l - 1)) {
+    in_lanes = b->ping_pong[(l - 1) % 2];
+  } else if (l > 0) {
+    int64_t in_stride;
+    in = (fmlp_input){FN(chain_output)(b, l - 1, &in_stride), in_stride, 1};
+  }
+  FN(product_out) out = {
+      .pre = a->saved_pre != NULL ? FN(rows_at)(a->saved_pre[l], b->r0, width) : NULL,
+      .pre_stride = width};
+  if (FN(hands_off_lanes)(b, l)) {
+    out.c_lanes = b->ping_pong[l % 2];
+  } else {
+    out.c = FN(chain_output)(b, l, &out.ldc);
+  }
+  FN(gemm_rows_part)(in, in_lanes, b->rows, &b->job->packed[l],
+                     a->biases != NULL ? a->biases[l] : NULL,
+                     l == a->n_layers - 1 ? a->final_activation : a->hidden_activation, out,
+                     task, n_tasks, input_pack);
+}
+
+/* scratch: two scratch_rows x max_hidden matrices the hidden layers ping-pong through */
 static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack,
                             REAL *scratch) {
   const FN(chain_job) *job = op;
-  const fmlp_cpu_chain_args *a = job->args;
-  REAL *ping_pong[2] = {scratch, scratch + job->block_rows * job->max_hidden};
-  fmlp_input in = {(const REAL *)a->x.data + r0 * a->x.row_stride, a->x.row_stride,
-                   a->x.col_stride};
-  for (int64_t l = 0; l < a->n_layers; ++l) {
-    const int64_t width = a->widths[l + 1];
-    const int last = l == a->n_layers - 1;
-    REAL *out;
-    int64_t ldc = width;
-    if (last) {
-      out = FN(rows_at)(a->y, r0, a->y_row_stride);
-      ldc = a->y_row_stride;
-    } else if (a->saved_hidden != NULL && a->saved_hidden[l] != NULL) {
-      out = FN(rows_at)(a->saved_hidden[l], r0, width);
-    } else {
-      out = ping_pong[l % 2];
-    }
-    REAL *pre = a->saved_pre != NULL ? FN(rows_at)(a->saved_pre[l], r0, width) : NULL;
-    FN(split_gemm_rows)(&job->split, in, rows, &job->packed[l],
-                        a->biases != NULL ? a->biases[l] : NULL,
-                        last ? a->final_activation : a->hidden_activation, out, ldc, pre, width,
+  const FN(chain_rows) block = {
+      job, r0, rows, {scratch, scratch + job->scratch_rows * job->max_hidden}};
+  FN(run_column_stages)(&job->split, job->args->n_layers, FN(chain_layer_part), &block,
                         input_pack);
-    in = (fmlp_input){out, ldc, 1};
-  }
 }
 
 fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threading *threading) {
@@ -292,11 +396,13 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
     FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 2, .scratch_cols = max_hidden,
                              .run_block = FN(chain_block)};
     FN(partition_rows)(&blocks, weight_elems, a->n_layers > 1 ? row_elems : 0, threading);
-    FN(chain_job) job = {.args = a, .packed = packed, .block_rows = blocks.block_rows,
+    /* room for a few rows' hidden outputs in lanes layout, NR wide */
+    if (blocks.scratch_rows < GEMM_NR) blocks.scratch_rows = GEMM_NR;
+    FN(chain_job) job = {.args = a, .packed = packed, .scratch_rows = blocks.scratch_rows,
                          .max_hidden = max_hidden};
     blocks.input_pack_elems = FN(input_pack_elems)(blocks.block_rows, max_k);
     blocks.op = &job;
-    status = FN(column_split_for)(&blocks, threading, &job.split);
+    status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
     if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
     free(job.split.packs);
   }
@@ -322,37 +428,67 @@ static void FN(gate_product_row)(const REAL *gate, const REAL *up, int64_t n,
   for (int64_t j = 0; j < n; ++j) product[j] *= up[j];
 }
 
+/* One row block of the gated block: its input and its gate, up and product. */
+typedef struct {
+  const FN(gated_job) *job;
+  int64_t r0, rows;
+  fmlp_input in;
+  REAL *gate, *up, *product; /* rows x hidden, row stride hidden */
+} FN(gated_rows);
+
+/* Stage 0, task `task`'s columns of the product (both weights packed: the
+ * gated micro-kernel, whole); stage 1, of the down projection. */
+static void FN(gated_part)(const void *block, int64_t stage, int64_t task, int64_t n_tasks,
+                           REAL *input_pack) {
+  const FN(gated_rows) *b = block;
+  const FN(gated_job) *job = b->job;
+  const fmlp_cpu_gated_args *a = job->args;
+  const int64_t h = a->hidden;
+  if (stage == 1) {
+    const FN(product_out) out = {.c = FN(rows_at)(a->y, b->r0, a->y_row_stride),
+                                 .ldc = a->y_row_stride};
+    FN(gemm_rows_part)((fmlp_input){b->product, h, 1}, NULL, b->rows, &job->down, a->bias_down,
+                       FMLP_ACT_NONE, out, task, n_tasks, input_pack);
+    return;
+  }
+#ifdef FMLP_SIMD_WIDTH
+  if (job->gate.data != NULL && job->up.data != NULL && a->dim > 0) {
+    if (task != 0) return;
+    const int save = a->saved_gate != NULL || a->saved_up != NULL;
+    FN(gemm_gated_rows)(b->in, b->rows, &job->gate, &job->up, a->bias_gate, a->bias_up,
+                        a->activation, b->gate, b->up, b->product, h, save, input_pack);
+    return;
+  }
+#endif
+  /* gate and up cut alike, so the task's product columns need only its own */
+  int64_t j0, count;
+  FN(column_part)(h, job->gate.data != NULL || job->up.data != NULL, task, n_tasks, &j0, &count);
+  FN(gemm_rows_columns)(b->in, NULL, b->rows, &job->gate, j0, count, a->bias_gate,
+                        FMLP_ACT_NONE, (FN(product_out)){.c = b->gate, .ldc = h}, input_pack);
+  FN(gemm_rows_columns)(b->in, NULL, b->rows, &job->up, j0, count, a->bias_up, FMLP_ACT_NONE,
+                        (FN(product_out)){.c = b->up, .ldc = h}, input_pack);
+  for (int64_t i = 0; i < b->rows && count > 0; ++i) {
+    FN(gate_product_row)(b->gate + i * h + j0, b->up + i * h + j0, count, a->activation,
+                         b->product + i * h + j0);
+  }
+}
+
 /* scratch: three block_rows x hidden matrices (gate, up, product) unless saved */
 static void FN(gated_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack,
                             REAL *scratch) {
   const FN(gated_job) *job = op;
   const fmlp_cpu_gated_args *a = job->args;
   const int64_t h = a->hidden, stride = job->block_rows * h;
-  REAL *gate = a->saved_gate != NULL ? FN(rows_at)(a->saved_gate, r0, h) : scratch;
-  REAL *up = a->saved_up != NULL ? FN(rows_at)(a->saved_up, r0, h) : scratch + stride;
-  REAL *product =
-      a->saved_product != NULL ? FN(rows_at)(a->saved_product, r0, h) : scratch + 2 * stride;
-  const fmlp_input in = {(const REAL *)a->x.data + r0 * a->x.row_stride, a->x.row_stride,
-                         a->x.col_stride};
-#ifdef FMLP_SIMD_WIDTH
-  if (job->gate.data != NULL && job->up.data != NULL && a->dim > 0) {
-    const int save = a->saved_gate != NULL || a->saved_up != NULL;
-    FN(gemm_gated_rows)(in, rows, &job->gate, &job->up, a->bias_gate, a->bias_up, a->activation,
-                        gate, up, product, h, save, input_pack);
-  } else
-#endif
-  {
-    FN(split_gemm_rows)(&job->split, in, rows, &job->gate, a->bias_gate, FMLP_ACT_NONE, gate,
-                        h, NULL, 0, input_pack);
-    FN(split_gemm_rows)(&job->split, in, rows, &job->up, a->bias_up, FMLP_ACT_NONE, up, h, NULL,
-                        0, input_pack);
-    for (int64_t i = 0; i < rows; ++i) {
-      FN(gate_product_row)(gate + i * h, up + i * h, h, a->activation, product + i * h);
-    }
-  }
-  FN(split_gemm_rows)(&job->split, (fmlp_input){product, h, 1}, rows, &job->down, a->bias_down,
-                      FMLP_ACT_NONE, FN(rows_at)(a->y, r0, a->y_row_stride), a->y_row_stride,
-                      NULL, 0, input_pack);
+  const FN(gated_rows) block = {
+      .job = job,
+      .r0 = r0,
+      .rows = rows,
+      .in = {(const REAL *)a->x.data + r0 * a->x.row_stride, a->x.row_stride, a->x.col_stride},
+      .gate = a->saved_gate != NULL ? FN(rows_at)(a->saved_gate, r0, h) : scratch,
+      .up = a->saved_up != NULL ? FN(rows_at)(a->saved_up, r0, h) : scratch + stride,
+      .product = a->saved_product != NULL ? FN(rows_at)(a->saved_product, r0, h)
+                                          : scratch + 2 * stride};
+  FN(run_column_stages)(&job->split, 2, FN(gated_part), &block, input_pack);
 }
 
 fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threading *threading) {
@@ -378,7 +514,7 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
     job.block_rows = blocks.block_rows;
     blocks.input_pack_elems =
         FN(input_pack_elems)(blocks.block_rows, a->dim > a->hidden ? a->dim : a->hidden);
-    status = FN(column_split_for)(&blocks, threading, &job.split);
+    status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
     if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
     free(job.split.packs);
   }

@@ -115,8 +115,7 @@ static void test_linear(tally *t, fmlp_dtype dtype, int64_t m, int64_t n, int64_
 
 /* A three-layer chain equals three single layers run one after another. */
 static void test_chain_matches_layers(tally *t, fmlp_dtype dtype, int64_t m,
-                                      const fmlp_threading *threading) {
-  const int64_t widths[4] = {19, 37, 5, 23};
+                                      const int64_t widths[4], const fmlp_threading *threading) {
   fmlp_input x, w[3];
   void *x_data = make_matrix(dtype, m, widths[0], 0, 10, &x);
   void *w_data[3];
@@ -545,7 +544,14 @@ int main(void) {
       test_activation_backward(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
     }
     test_linear(&t, (fmlp_dtype)dtype, 0, 5, 7, FMLP_ACT_RELU, 1, 0, &serial);
-    test_chain_matches_layers(&t, (fmlp_dtype)dtype, 300, &chunked);
+    const int64_t narrow_widths[4] = {19, 37, 5, 23};
+    test_chain_matches_layers(&t, (fmlp_dtype)dtype, 300, narrow_widths, &chunked);
+    /* few rows past 2^19 multiply-adds: layers as column-split stages, hidden outputs
+     * handed over in the transposed kernels' lanes layout */
+    const int64_t wide_widths[4] = {300, 301, 250, 37};
+    for (int64_t m = 5; m <= 40; m += 7) {
+      test_chain_matches_layers(&t, (fmlp_dtype)dtype, m, wide_widths, &chunked);
+    }
     const int64_t backward_widths[][3] = {{19, 37, 23}, {64, 33, 1}, {5, 70, 48}, {1, 1, 1}};
     const int64_t backward_rows[] = {1, 13, 64, 65, 300};
     for (size_t s = 0; s < sizeof backward_rows / sizeof backward_rows[0]; ++s) {
