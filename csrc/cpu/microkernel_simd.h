@@ -156,7 +156,9 @@ static FMLP_ALWAYS_INLINE void FN(transposed_tile)(const int mr, const int nv, i
   for (int i = 0; i < mr; ++i) {
     if (i >= n_weight_rows) break;
 #pragma GCC unroll 8
-    for (int v = 0; v < nv; ++v) v_store(out->c_lanes + i * b_width + v * FMLP_SIMD_WIDTH, acc[i][v]);
+    for (int v = 0; v < nv; ++v) {
+      v_store(out->c_lanes + i * b_width + v * FMLP_SIMD_WIDTH, acc[i][v]);
+    }
   }
 }
 
