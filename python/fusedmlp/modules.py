@@ -4,6 +4,7 @@ nn.Linear / nn.Sequential / gated blocks they replace, computed by the fused ops
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -12,7 +13,7 @@ from .activations import activation_module, activation_name, check_activation
 from .functional import check_tensor, gated_mlp, linear, run_mlp
 
 
-def _registered(module: nn.Module, name: str) -> object:
+def _registered(module: nn.Module, name: str) -> Any:
     """module.<name> for a parameter or child module, read from nn.Module's own dicts:
     its __getattr__ costs ~0.6 us a lookup, 3.6 us of a call to a three-layer FusedMLP.
     A name in neither (a parametrized weight is a class property) takes the normal path."""
