@@ -23,13 +23,8 @@ static void FN(pointwise_backward_task)(void *context, int64_t begin, int64_t en
     const REAL *grad = job->grad + start;
     if (job->grad_up != NULL) {
       /* grad_up = grad * act(gate); grad_gate = grad * up * act'(gate) */
-      REAL *grad_up = job->grad_up + start;
-      memcpy(grad_up, job->pre + start, (size_t)len * sizeof(REAL));
-      FN(activate_span)(grad_up, len, job->activation);
-      for (int64_t i = 0; i < len; ++i) {
-        grad_up[i] *= grad[i];
-        grad_pre[i] = grad[i] * job->up[start + i];
-      }
+      FN(gate_product_row)(job->pre + start, grad, len, job->activation, job->grad_up + start);
+      for (int64_t i = 0; i < len; ++i) grad_pre[i] = grad[i] * job->up[start + i];
       grad = grad_pre;
     }
     FN(activation_grad_span)(grad_pre, grad, job->pre + start, len, job->activation);

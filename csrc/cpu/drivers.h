@@ -1,15 +1,16 @@
 /* Whole-op forward drivers over the GEMM core (template: see
  * real_template.h): layer chains (Linear, MLP) and the gated block. Work is
  * split into row blocks run through every layer, so intermediates stay per
- * block; threads take whole blocks. */
+ * block; threads take blocks from a queue, and a single block of few rows
+ * splits its products' columns over the threads instead. */
 #include <stdatomic.h>
 
 #include "gemm.h"
 #include "spin_wait.h"
 
 /* Row blocks run through every layer while the weights stay in cache, so a
- * block's activations never leave L2; larger weights get one block per
- * thread (layer by layer). Measured with one thread on Zen 4 (C harness):
+ * block's activations never leave L2; larger weights get blocks of up to
+ * a thread's share of the rows. Measured with one thread on Zen 4 (C harness):
  * 65536 x (64-128-128-64): 42.7 ms blocked vs 87.4 ms layer by layer, flat
  * for activation blocks of 32 KiB..1 MiB; 4096 x (1024^4), 12 MiB of
  * weights: blocked 243 ms vs 255 ms, so weights up to an L3's share stay
@@ -39,9 +40,10 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
     const int64_t aligned = fit / GEMM_MC * GEMM_MC;
     block = aligned > GEMM_MC ? aligned : GEMM_MC;
   }
-  /* Each block pays a task's fixed costs (its scratch, a queue pop): at
-   * least BLOCK_MIN_MULTIPLY_ADDS of work each. 1024 x 32 -> 64 on 2 threads
-   * ran 35 us in 12 blocks, 32.7 us in 2. */
+  /* Each block pays fixed costs (a queue pop, its loop and packing setup):
+   * at least BLOCK_MIN_MULTIPLY_ADDS of work each. 1024 x 32 -> 64 on 2
+   * threads ran 35 us in 12 blocks, 32.7 us in 2 (measured when every block
+   * also allocated its own scratch). */
   if (weight_elems > 0 && block < BLOCK_MIN_MULTIPLY_ADDS / weight_elems) {
     block = BLOCK_MIN_MULTIPLY_ADDS / weight_elems;
   }
@@ -69,14 +71,15 @@ static REAL *FN(rows_at)(void *base, int64_t row, int64_t stride) {
 
 /* ---- row blocks as tasks ---- */
 
-/* An op's row blocks: each task allocates its scratch once (an input pack and
- * scratch_matrices matrices of scratch_rows x scratch_cols) and runs its
- * blocks through run_block. */
+/* An op's row blocks: each worker allocates its scratch once (an input pack
+ * and scratch_matrices matrices of scratch_rows x scratch_cols), then takes
+ * blocks from next_block and runs them through run_block. */
 typedef struct {
   int64_t rows, n_blocks, block_rows; /* block_rows: the most rows one block holds */
   int64_t input_pack_elems, scratch_matrices, scratch_rows, scratch_cols;
   void (*run_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack, REAL *scratch);
   const void *op;
+  atomic_llong next_block;
   atomic_int status;
 } FN(row_blocks);
 
@@ -114,15 +117,19 @@ static void FN(even_split)(int64_t total, int64_t unit, int64_t parts, int64_t p
   *count = (end < total ? end : total) - *start;
 }
 
-static void FN(row_block_task)(void *context, int64_t begin, int64_t end) {
+static void FN(row_block_worker)(void *context, int64_t begin, int64_t end) {
   FN(row_blocks) *blocks = context;
+  (void)begin; /* workers are interchangeable: blocks come from next_block */
+  (void)end;
   REAL *input_pack = fmlp_alloc_scratch(blocks->input_pack_elems, sizeof(REAL));
   REAL *scratch = fmlp_alloc_matrices(blocks->scratch_matrices, blocks->scratch_rows,
                                       blocks->scratch_cols, sizeof(REAL));
   if (input_pack == NULL || scratch == NULL) {
     atomic_store(&blocks->status, FMLP_ERR_OUT_OF_MEMORY);
   } else {
-    for (int64_t block = begin; block < end; ++block) {
+    for (;;) {
+      const int64_t block = (int64_t)atomic_fetch_add(&blocks->next_block, 1);
+      if (block >= blocks->n_blocks) break;
       int64_t r0, count;
       FN(even_split)(blocks->rows, GEMM_MR, blocks->n_blocks, block, &r0, &count);
       blocks->run_block(blocks->op, r0, count, input_pack, scratch);
@@ -136,11 +143,16 @@ static void FN(row_block_task)(void *context, int64_t begin, int64_t end) {
 static fmlp_status FN(run_row_blocks)(FN(row_blocks) *blocks, int64_t weight_elems,
                                       const fmlp_threading *threading) {
   if (blocks->input_pack_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
+  atomic_init(&blocks->next_block, 0);
   atomic_init(&blocks->status, FMLP_OK);
   int64_t multiply_adds = INT64_MAX;
   if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
-  FN(run_tasks)(FN(threading_for)(threading, multiply_adds, PARALLEL_MIN_MULTIPLY_ADDS),
-                blocks->n_blocks, blocks, FN(row_block_task));
+  const fmlp_threading *workers =
+      FN(threading_for)(threading, multiply_adds, PARALLEL_MIN_MULTIPLY_ADDS);
+  const int64_t n_workers = workers != NULL && workers->n_threads < blocks->n_blocks
+                                ? workers->n_threads
+                                : blocks->n_blocks;
+  FN(run_tasks)(workers, n_workers, blocks, FN(row_block_worker));
   return (fmlp_status)atomic_load(&blocks->status);
 }
 

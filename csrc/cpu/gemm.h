@@ -376,19 +376,18 @@ static void FN(transposed_rows)(fmlp_input x, const REAL *x_lanes, int64_t rows,
   for (int64_t m0 = 0; m0 < rows; m0 += GEMM_NR) {
     const int64_t count = rows - m0 < GEMM_NR ? rows - m0 : GEMM_NR;
     const int narrow = count <= FMLP_SIMD_WIDTH;
-    const int64_t tile_rows = narrow ? TRANSPOSED_NARROW_MR : GEMM_MR,
-                  width = FN(lanes_width)(count);
+    const int64_t width = FN(lanes_width)(count);
     const REAL *b = x_lanes;
     if (b == NULL) {
       FN(pack_k_major)((const REAL *)x.data + m0 * x.row_stride, x.row_stride, x.col_stride,
                        count, width, k, scratch);
       b = scratch;
     }
-    for (int64_t j0 = 0; j0 < n; j0 += tile_rows) {
-      const int64_t n_rows = n - j0 < tile_rows ? n - j0 : tile_rows;
-      const REAL *w_rows[TRANSPOSED_NARROW_MR];
+    for (int64_t j0 = 0; j0 < n; j0 += GEMM_MR) {
+      const int64_t n_rows = n - j0 < GEMM_MR ? n - j0 : GEMM_MR;
+      const REAL *w_rows[GEMM_MR];
       /* rows past the weight's end re-read its first row: in bounds, never stored */
-      for (int64_t i = 0; i < tile_rows; ++i) {
+      for (int64_t i = 0; i < GEMM_MR; ++i) {
         w_rows[i] = w_data + (j0 + (i < n_rows ? i : 0)) * w->source.row_stride;
       }
       const FN(product_out) tile = {

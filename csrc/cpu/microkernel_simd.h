@@ -10,20 +10,24 @@
 
 #define FMLP_ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* acc[i][v] += sum_kk a_rows[i][kk * a_k_stride] * b[kk * NR + v * W] */
-static FMLP_ALWAYS_INLINE void FN(accumulate_tile)(vreal acc[GEMM_MR][GEMM_NV], int64_t kc,
-                                                   const REAL *const a_rows[GEMM_MR],
+/* acc[i][v] += sum_kk a_rows[i][kk * a_k_stride] * b[kk * nv * W + v * W] for
+ * i < mr, v < nv: mr and nv are constants in each caller, so the tile stays in
+ * registers. */
+static FMLP_ALWAYS_INLINE void FN(accumulate_tile)(const int mr, const int nv,
+                                                   vreal acc[GEMM_MR][GEMM_NV], int64_t kc,
+                                                   const REAL *const *a_rows,
                                                    int64_t a_k_stride, const REAL *restrict b) {
+  const int64_t b_width = (int64_t)nv * FMLP_SIMD_WIDTH;
 #pragma GCC unroll 2
   for (int64_t kk = 0; kk < kc; ++kk) {
     vreal b_k[GEMM_NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < GEMM_NV; ++v) b_k[v] = v_load(b + kk * GEMM_NR + v * FMLP_SIMD_WIDTH);
+    for (int v = 0; v < nv; ++v) b_k[v] = v_load(b + kk * b_width + v * FMLP_SIMD_WIDTH);
 #pragma GCC unroll 16
-    for (int i = 0; i < GEMM_MR; ++i) {
+    for (int i = 0; i < mr; ++i) {
       const vreal a_ik = v_set1(a_rows[i][kk * a_k_stride]);
 #pragma GCC unroll 8
-      for (int v = 0; v < GEMM_NV; ++v) acc[i][v] = v_fma(a_ik, b_k[v], acc[i][v]);
+      for (int v = 0; v < nv; ++v) acc[i][v] = v_fma(a_ik, b_k[v], acc[i][v]);
     }
   }
 }
@@ -72,7 +76,7 @@ static void FN(microkernel_packed)(int64_t kc, const REAL *restrict a, const REA
   const REAL *a_rows[GEMM_MR];
 #pragma GCC unroll 16
   for (int i = 0; i < GEMM_MR; ++i) a_rows[i] = a + i;
-  FN(accumulate_tile)(acc, kc, a_rows, GEMM_MR, b);
+  FN(accumulate_tile)(GEMM_MR, GEMM_NV, acc, kc, a_rows, GEMM_MR, b);
   if (ep->last_k_block) {
     if (ep->pre != NULL) FN(store_tile)(acc, ep->pre, ep->pre_stride, rows, cols);
     FN(activate_vectors)(&acc[0][0], GEMM_MR * GEMM_NV, ep->activation);
@@ -87,12 +91,10 @@ static void FN(microkernel_packed)(int64_t kc, const REAL *restrict a, const REA
  * per tile row, and the store transposes in registers. Always the
  * whole K at once. mr and nv are constants in each caller, so the tile lives
  * in registers. */
-#define TRANSPOSED_NARROW_MR GEMM_MR /* 24 measured no faster, and spills row pointers */
-
 /* out[m * stride + i] = lane m % W of acc[i][m / W] for i < n_weight_rows and
  * m < n_input_rows: W x W blocks transposed in registers (a scalar copy of a
  * 12 x 16 tile took 6% of a 16 x 256 -> 256 product). */
-static FMLP_ALWAYS_INLINE void FN(store_transposed)(vreal acc[TRANSPOSED_NARROW_MR][GEMM_NV],
+static FMLP_ALWAYS_INLINE void FN(store_transposed)(vreal acc[GEMM_MR][GEMM_NV],
                                                     const int mr, const int nv, REAL *out,
                                                     int64_t stride, int64_t n_weight_rows,
                                                     int64_t n_input_rows) {
@@ -123,7 +125,7 @@ static FMLP_ALWAYS_INLINE void FN(transposed_tile)(const int mr, const int nv, i
                                                    int64_t n_weight_rows, int64_t n_input_rows,
                                                    const REAL *bias,
                                                    fmlp_activation activation) {
-  vreal acc[TRANSPOSED_NARROW_MR][GEMM_NV];
+  vreal acc[GEMM_MR][GEMM_NV];
   const int64_t b_width = (int64_t)nv * FMLP_SIMD_WIDTH;
 #pragma GCC unroll 32
   for (int i = 0; i < mr; ++i) {
@@ -131,18 +133,7 @@ static FMLP_ALWAYS_INLINE void FN(transposed_tile)(const int mr, const int nv, i
 #pragma GCC unroll 8
     for (int v = 0; v < nv; ++v) acc[i][v] = start;
   }
-#pragma GCC unroll 2
-  for (int64_t kk = 0; kk < k; ++kk) {
-    vreal b_k[GEMM_NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < nv; ++v) b_k[v] = v_load(b + kk * b_width + v * FMLP_SIMD_WIDTH);
-#pragma GCC unroll 32
-    for (int i = 0; i < mr; ++i) {
-      const vreal w_ik = v_set1(w_rows[i][kk]);
-#pragma GCC unroll 8
-      for (int v = 0; v < nv; ++v) acc[i][v] = v_fma(w_ik, b_k[v], acc[i][v]);
-    }
-  }
+  FN(accumulate_tile)(mr, nv, acc, k, w_rows, 1, b);
   if (out->pre != NULL) {
     FN(store_transposed)(acc, mr, nv, out->pre, out->pre_stride, n_weight_rows, n_input_rows);
   }
@@ -179,7 +170,7 @@ static void FN(microkernel_transposed_narrow)(int64_t k, const REAL *const *w_ro
                                               const FN(product_out) *out,
                                               int64_t n_weight_rows, int64_t n_input_rows,
                                               const REAL *bias, fmlp_activation activation) {
-  FN(transposed_tile)(TRANSPOSED_NARROW_MR, 1, k, w_rows, b, out, n_weight_rows, n_input_rows,
+  FN(transposed_tile)(GEMM_MR, 1, k, w_rows, b, out, n_weight_rows, n_input_rows,
                       bias, activation);
 }
 

@@ -41,10 +41,14 @@ void check_weight(const char *op, const std::string &name, const at::Tensor &w,
 }
 
 // The number of rows of x viewed as (rows, in_features): the product of its
-// leading sizes (x.numel() / in_features fails when in_features is 0).
-int64_t leading_rows(const at::Tensor &x) {
+// leading sizes (x.numel() / in_features fails when in_features is 0), checked
+// to fit int64.
+int64_t leading_rows(const char *op, const at::Tensor &x) {
   int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) {
+    TORCH_CHECK(!c10::mul_overflows(rows, x.size(d), &rows), op, ": x has shape ", x.sizes(),
+                "; its leading sizes multiply to more rows than int64 can count");
+  }
   return rows;
 }
 
@@ -58,14 +62,6 @@ void check_count(const char *op, const std::string &weight, const char *what, in
                          c10::add_overflows(*total, count, total);
   TORCH_CHECK(!overflows, op, ": x has ", rows, " rows and ", weight, " has ", width,
               " output features: ", what, " would have more elements than int64 can count");
-}
-
-void check_rows(const char *op, const at::Tensor &x) {
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) {
-    TORCH_CHECK(!c10::mul_overflows(rows, x.size(d), &rows), op, ": x has shape ", x.sizes(),
-                "; its leading sizes multiply to more rows than int64 can count");
-  }
 }
 
 void check_bias(const char *op, const std::string &name, const std::optional<at::Tensor> &bias,
@@ -122,8 +118,7 @@ void check_chain(const char *op, const at::Tensor &x, at::TensorList weights,
   }
   // Every layer's output may be saved twice (pre-activation and hidden), so the
   // saved buffer holds at most 2 * rows * sum(widths) elements.
-  check_rows(op, x);
-  const int64_t rows = leading_rows(x);
+  const int64_t rows = leading_rows(op, x);
   int64_t saved = 0;
   for (size_t l = 0; l < weights.size(); ++l) {
     const std::string name = weights.size() > 1 ? "weight[" + std::to_string(l) + "]" : "weight";
@@ -140,7 +135,7 @@ void check_chain_backward(const char *op, const at::Tensor &grad_y, const at::Te
   check_grad_y(op, grad_y, x, weights.back().size(0));
   check_same(op, "saved", saved, x);
   const SavedChainLayout layout =
-      saved_chain_layout(leading_rows(x), chain_widths(x, weights), hidden, final_activation);
+      saved_chain_layout(leading_rows(op, x), chain_widths(x, weights), hidden, final_activation);
   TORCH_CHECK(saved.dim() == 1 && saved.size(0) == layout.total, op,
               ": saved must be the 1-D buffer of ", layout.total,
               " elements the training op returns for these arguments, got shape ", saved.sizes());
@@ -161,12 +156,11 @@ void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
   check_bias(op, "bias_gate", bias_gate, w_gate.size(0), x);
   check_bias(op, "bias_up", bias_up, w_up.size(0), x);
   check_bias(op, "bias_down", bias_down, w_down.size(0), x);
-  check_rows(op, x);
-  int64_t total = 0;
-  check_count(op, "w_gate", "the saved gate, up and product activations", leading_rows(x),
-              w_gate.size(0), 3, &total);
-  total = 0;
-  check_count(op, "w_down", "the output", leading_rows(x), w_down.size(0), 1, &total);
+  const int64_t rows = leading_rows(op, x);
+  int64_t saved_total = 0, output_total = 0;
+  check_count(op, "w_gate", "the saved gate, up and product activations", rows, w_gate.size(0),
+              3, &saved_total);
+  check_count(op, "w_down", "the output", rows, w_down.size(0), 1, &output_total);
 }
 
 void check_gated_backward(const char *op, const at::Tensor &grad_y, const at::Tensor &x,
@@ -176,7 +170,7 @@ void check_gated_backward(const char *op, const at::Tensor &grad_y, const at::Te
   check_gated(op, x, w_gate, w_up, w_down, std::nullopt, std::nullopt, std::nullopt, dtypes);
   check_grad_y(op, grad_y, x, w_down.size(0));
   check_same(op, "saved", saved, x);
-  const std::vector<int64_t> shape = {3, leading_rows(x), w_gate.size(0)};
+  const std::vector<int64_t> shape = {3, leading_rows(op, x), w_gate.size(0)};
   TORCH_CHECK(saved.sizes() == at::IntArrayRef(shape), op, ": saved must have shape ",
               at::IntArrayRef(shape), " (gate, up, product), got ", saved.sizes());
 }

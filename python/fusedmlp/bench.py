@@ -104,7 +104,7 @@ def variant_calls(case: Case, sizes: tuple[int, ...], x: torch.Tensor, device: s
 def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> CaseResult:
     rows, sizes = case.shape(args.quick)
     dtype = DTYPES[args.dtype]
-    x = make_input(case, rows, sizes, args.device, dtype)
+    x = make_input(rows, sizes, args.device, dtype)
     calls = variant_calls(case, sizes, x, args.device, dtype, not args.no_compile)
     result = CaseResult(case.name, case.description, rows, list(sizes),
                         forward_flops(case, rows, sizes), case.gemm_bound)

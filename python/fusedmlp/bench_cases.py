@@ -10,14 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from .convert import convert
+from .eager_blocks import GatedBlock, linear_chain
 from .modules import FusedGatedMLP
-
-ACTIVATION_MODULES: dict[str, Callable[[], nn.Module]] = {
-    "relu": nn.ReLU,
-    "gelu": nn.GELU,
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-    "silu": nn.SiLU,
-}
 
 
 @dataclass(frozen=True)
@@ -72,29 +66,6 @@ def forward_flops(case: Case, rows: int, sizes: tuple[int, ...]) -> int:
     return 3 * flops if case.kind == "train" else flops
 
 
-class GatedBlock(nn.Module):
-    """The eager GeGLU / SwiGLU block: down_proj(act(gate_proj(x)) * up_proj(x))."""
-
-    def __init__(self, dim: int, hidden: int, activation: str) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-        self.act = ACTIVATION_MODULES[activation]()
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-def eager_chain(sizes: tuple[int, ...], activation: str, final_activation: bool) -> nn.Module:
-    layers: list[nn.Module] = []
-    for index, (size_in, size_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(nn.Linear(size_in, size_out))
-        if final_activation or index < len(sizes) - 2:
-            layers.append(ACTIVATION_MODULES[activation]())
-    return nn.Sequential(*layers)
-
-
 def build_modules(
     case: Case, sizes: tuple[int, ...], device: str, dtype: torch.dtype
 ) -> tuple[nn.Module, nn.Module]:
@@ -106,12 +77,11 @@ def build_modules(
         fused = fused.to(device, dtype)
         fused.load_state_dict(eager.state_dict())
         return eager, fused
-    eager = eager_chain(sizes, case.activation, case.final_activation).to(device, dtype)
+    eager = linear_chain(sizes, case.activation, case.final_activation).to(device, dtype)
     return eager, convert(eager)
 
 
-def make_input(case: Case, rows: int, sizes: tuple[int, ...], device: str,
-               dtype: torch.dtype) -> Tensor:
+def make_input(rows: int, sizes: tuple[int, ...], device: str, dtype: torch.dtype) -> Tensor:
     generator = torch.Generator().manual_seed(1)
     return torch.randn(rows, sizes[0], generator=generator).to(device, dtype)
 

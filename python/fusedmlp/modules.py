@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .activations import activation_module, activation_name, check_activation
-from .functional import check_tensor, gated_mlp, linear, run_mlp
+from .functional import _check_tensor, _run_mlp, gated_mlp, linear
 
 
 def _registered(module: nn.Module, name: str) -> Any:
@@ -113,8 +113,8 @@ class FusedMLP(nn.Sequential):
         layers = self.linears()
         weights = [_registered(layer, "weight") for layer in layers]
         biases = [_registered(layer, "bias") for layer in layers]
-        check_tensor("x", x)  # the rest are this module's own Linear parameters
-        return run_mlp(x, weights, biases, self.activation)
+        _check_tensor("x", x)  # the rest are this module's own Linear parameters
+        return _run_mlp(x, weights, biases, self.activation)
 
 
 def _chain_activation(modules: list[nn.Module]) -> str | None:

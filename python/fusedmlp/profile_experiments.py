@@ -5,21 +5,21 @@ Every variant of an experiment shares the eager model's weights, so their output
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import fusedmlp
+from fusedmlp.activations import ACTIVATIONS
+from fusedmlp.eager_blocks import GatedBlock, linear_chain
 
 EXPERIMENTS = ("linear", "mlp", "gated")
 EAGER, COMPILE, FUSED, FUSED_COMPILE = "eager", "compile", "fused", "fused+compile"
 ALL_VARIANTS = (EAGER, COMPILE, FUSED, FUSED_COMPILE)
 UNCOMPILED_VARIANTS = (EAGER, FUSED)
-MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+MLP_ACTIVATIONS = tuple(name for name in ACTIVATIONS if name != "none")
 
 LINEAR_IN, LINEAR_OUT = 32, 64
 MLP_SIZES = (768, 3072, 3072, 768)
@@ -41,30 +41,6 @@ class Experiment:
     eager: nn.Module
     fused: nn.Module
     inputs: torch.Tensor
-
-
-class GeGLU(nn.Module):
-    """The common gated MLP block, `down(gelu_tanh(gate(x)) * up(x))`, in plain PyTorch."""
-
-    def __init__(self, dim: int, hidden: int, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False, device=device, dtype=dtype)
-        self.up_proj = nn.Linear(dim, hidden, bias=False, device=device, dtype=dtype)
-        self.down_proj = nn.Linear(hidden, dim, bias=False, device=device, dtype=dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = F.gelu(self.gate_proj(x), approximate="tanh")
-        return self.down_proj(gate * self.up_proj(x))
-
-
-def activation_module(name: str) -> nn.Module:
-    modules: dict[str, Callable[[], nn.Module]] = {
-        "relu": nn.ReLU,
-        "gelu": nn.GELU,
-        "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-        "silu": nn.SiLU,
-    }
-    return modules[name]()
 
 
 def default_tokens(experiment: str, device: torch.device) -> int:
@@ -90,12 +66,7 @@ def build_linear(tokens: int, device: torch.device, dtype: torch.dtype) -> Exper
 
 
 def build_mlp(tokens: int, device: torch.device, dtype: torch.dtype, activation: str) -> Experiment:
-    layers: list[nn.Module] = []
-    for index, (size_in, size_out) in enumerate(itertools.pairwise(MLP_SIZES)):
-        if index > 0:
-            layers.append(activation_module(activation))
-        layers.append(nn.Linear(size_in, size_out, device=device, dtype=dtype))
-    eager = nn.Sequential(*layers)
+    eager = linear_chain(MLP_SIZES, activation, device=device, dtype=dtype)
     sizes = " -> ".join(str(size) for size in MLP_SIZES)
     return Experiment(
         name="mlp",
@@ -107,7 +78,7 @@ def build_mlp(tokens: int, device: torch.device, dtype: torch.dtype, activation:
 
 
 def build_gated(tokens: int, device: torch.device, dtype: torch.dtype) -> Experiment:
-    eager = GeGLU(GATED_DIM, GATED_HIDDEN, device, dtype)
+    eager = GatedBlock(GATED_DIM, GATED_HIDDEN, "gelu_tanh", device, dtype)
     fused = fusedmlp.FusedGatedMLP(
         GATED_DIM, GATED_HIDDEN, activation="gelu_tanh", bias=False, device=device, dtype=dtype
     )
