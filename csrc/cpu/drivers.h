@@ -51,13 +51,14 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
   return block > 0 ? block : 1;
 }
 
-/* Huge-page advice for an output of rows rows `stride` apart, before its
- * first write (see fmlp_advise_huge_pages). */
-static void FN(advise_output)(void *data, int64_t rows, int64_t stride) {
-  int64_t bytes;
-  if (fmlp_checked_mul(rows, stride, &bytes) &&
-      fmlp_checked_mul(bytes, (int64_t)sizeof(REAL), &bytes)) {
-    fmlp_advise_huge_pages(data, bytes);
+/* Huge-page advice for an output of rows rows of `width` values `stride`
+ * apart, before its first write (see fmlp_advise_huge_pages). */
+static void FN(advise_output)(void *data, int64_t rows, int64_t width, int64_t stride) {
+  int64_t elems;
+  if (rows > 0 && fmlp_checked_mul(rows - 1, stride, &elems) &&
+      fmlp_checked_add(elems, width, &elems) &&
+      fmlp_checked_mul(elems, (int64_t)sizeof(REAL), &elems)) {
+    fmlp_advise_huge_pages(data, elems);
   }
 }
 
@@ -179,6 +180,7 @@ static fmlp_status FN(column_split_for)(const FN(row_blocks) *blocks, int64_t we
                                         const fmlp_threading *threading,
                                         FN(column_split) *split) {
   *split = (FN(column_split)){NULL, NULL, 0};
+  if (blocks->input_pack_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
   int64_t multiply_adds;
   if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
   if (blocks->n_blocks != 1 || blocks->rows > GEMM_UNPACKED_MAX_ROWS || threading == NULL ||
@@ -385,11 +387,13 @@ static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
 
 fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threading *threading) {
   if (a->rows == 0) return FMLP_OK;
-  FN(advise_output)(a->y, a->rows, a->y_row_stride);
+  FN(advise_output)(a->y, a->rows, a->widths[a->n_layers], a->y_row_stride);
   for (int64_t l = 0; l < a->n_layers; ++l) {
-    if (a->saved_pre != NULL) FN(advise_output)(a->saved_pre[l], a->rows, a->widths[l + 1]);
-    if (a->saved_hidden != NULL) {
-      FN(advise_output)(a->saved_hidden[l], a->rows, a->widths[l + 1]);
+    const int64_t width = a->widths[l + 1];
+    if (a->saved_pre != NULL) FN(advise_output)(a->saved_pre[l], a->rows, width, width);
+    /* saved_hidden has no entry for the last layer */
+    if (a->saved_hidden != NULL && l + 1 < a->n_layers) {
+      FN(advise_output)(a->saved_hidden[l], a->rows, width, width);
     }
   }
   FN(packed_weight) *packed = calloc((size_t)a->n_layers, sizeof(*packed));
@@ -505,10 +509,10 @@ static void FN(gated_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
 
 fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threading *threading) {
   if (a->rows == 0) return FMLP_OK;
-  FN(advise_output)(a->y, a->rows, a->y_row_stride);
-  FN(advise_output)(a->saved_gate, a->rows, a->hidden);
-  FN(advise_output)(a->saved_up, a->rows, a->hidden);
-  FN(advise_output)(a->saved_product, a->rows, a->hidden);
+  FN(advise_output)(a->y, a->rows, a->out_dim, a->y_row_stride);
+  FN(advise_output)(a->saved_gate, a->rows, a->hidden, a->hidden);
+  FN(advise_output)(a->saved_up, a->rows, a->hidden, a->hidden);
+  FN(advise_output)(a->saved_product, a->rows, a->hidden, a->hidden);
   FN(gated_job) job = {.args = a};
   fmlp_status status =
       FN(pack_weight)(a->w_gate, a->hidden, a->dim, a->rows, threading, &job.gate);
