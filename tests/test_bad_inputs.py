@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 ops = torch.ops.fusedmlp
 VALID_NAMES = "valid names are none, relu, gelu, gelu_tanh, silu"
@@ -791,6 +792,24 @@ def test_errors_under_torch_compile() -> None:
     with pytest.raises(Exception, match=r"expects 3 input features, but its input has 4"):
         compiled(_x(3, 4), _x(5, 3))
     _still_works()
+
+
+def test_fake_kernels_refuse_what_the_real_ones_do() -> None:
+    """FakeTensorMode, which torch.compile traces with, runs the fake kernels: they refuse an
+    unsupported dtype and name the op and argument as the real kernels do."""
+    with FakeTensorMode():
+        half = torch.empty(3, 5, dtype=torch.float16)
+        with pytest.raises(TypeError, match=r"fusedmlp.activation_backward: grad has dtype"):
+            ops.activation_backward(half, half, "relu")
+        grad = torch.empty(3, 5)
+        with pytest.raises(RuntimeError, match=r"up must have the shape of grad_product"):
+            ops.gated_backward(grad, grad, torch.empty(3, 4), "silu")
+        x, w_gate, w_down = torch.empty(3, 4), torch.empty(6, 4), torch.empty(2, 6)
+        with pytest.raises(RuntimeError, match=r"fusedmlp.gated_mlp_backward: w_gate has shape"):
+            ops.gated_mlp_backward(
+                torch.empty(3, 2), x, w_gate, torch.empty(5, 4), w_down, torch.empty(3, 3, 6),
+                [False] * 3, "silu", True,
+            )
 
 
 def test_mixed_meta_and_cpu_is_an_error_like_aten_is_not() -> None:

@@ -78,15 +78,19 @@ def _check_same(op: str, name: str, t: Tensor | None, x: Tensor) -> None:
     )
 
 
+def _check_dtype(op: str, name: str, t: Tensor) -> None:
+    dtypes = _DEVICE_DTYPES.get(t.device.type)
+    supported = t.dtype.is_floating_point if dtypes is None else t.dtype in dtypes
+    torch._check_type(
+        supported, lambda: f"{op}: {name} has dtype {t.dtype}, not supported on {t.device.type}"
+    )
+
+
 def _check_x(op: str, x: Tensor) -> None:
     torch._check(
         x.dim() >= 1, lambda: f"{op}: x must have shape (*, in_features), got a 0-d tensor"
     )
-    dtypes = _DEVICE_DTYPES.get(x.device.type)
-    supported = x.dtype.is_floating_point if dtypes is None else x.dtype in dtypes
-    torch._check_type(
-        supported, lambda: f"{op}: x has dtype {x.dtype}, not supported on {x.device.type}"
-    )
+    _check_dtype(op, "x", x)
 
 
 def _check_weight(op: str, name: str, weight: Tensor, features: int, x: Tensor) -> None:
@@ -157,13 +161,13 @@ def _chain_fake(
 
 
 def _gated_fake(
+    op: str,
     x: Tensor,
     w_gate: Tensor,
     w_up: Tensor,
     w_down: Tensor,
     biases: tuple[Tensor | None, Tensor | None, Tensor | None],
 ) -> tuple[Tensor, Tensor]:
-    op = "fusedmlp.gated_mlp"
     _check_x(op, x)
     _check_weight(op, "w_gate", w_gate, x.shape[-1], x)
     _check_weight(op, "w_up", w_up, x.shape[-1], x)
@@ -185,18 +189,19 @@ def _gated_fake(
     return y, x.new_empty((3, _rows(x), w_gate.shape[0]))
 
 
-def _pointwise_fake(op: str, grad: Tensor, others: dict[str, Tensor]) -> None:
+def _pointwise_fake(op: str, grad_name: str, grad: Tensor, others: dict[str, Tensor]) -> None:
+    _check_dtype(op, grad_name, grad)
     for name, t in others.items():
         torch._check(
             t.shape == grad.shape,
             lambda name=name, t=t: (
-                f"{op}: {name} must have the shape of grad, "
+                f"{op}: {name} must have the shape of {grad_name}, "
                 f"{tuple(grad.shape)}, got {tuple(t.shape)}"
             ),
         )
         torch._check(
             t.dtype == grad.dtype and t.device == grad.device,
-            lambda name=name: f"{op}: {name} must share the dtype and device of grad",
+            lambda name=name: f"{op}: {name} must share the dtype and device of {grad_name}",
         )
 
 
@@ -226,17 +231,21 @@ def _mlp_train_fake(
 
 @torch.library.register_fake("fusedmlp::gated_mlp")
 def _gated_mlp_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation):
-    return _gated_fake(x, w_gate, w_up, w_down, (bias_gate, bias_up, bias_down))[0]
+    return _gated_fake(
+        "fusedmlp.gated_mlp", x, w_gate, w_up, w_down, (bias_gate, bias_up, bias_down)
+    )[0]
 
 
 @torch.library.register_fake("fusedmlp::gated_mlp_train")
 def _gated_mlp_train_fake(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation):
-    return _gated_fake(x, w_gate, w_up, w_down, (bias_gate, bias_up, bias_down))
+    return _gated_fake(
+        "fusedmlp.gated_mlp", x, w_gate, w_up, w_down, (bias_gate, bias_up, bias_down)
+    )
 
 
 @torch.library.register_fake("fusedmlp::activation_backward")
 def _activation_backward_fake(grad: Tensor, pre: Tensor, activation: str) -> Tensor:
-    _pointwise_fake("fusedmlp.activation_backward", grad, {"pre": pre})
+    _pointwise_fake("fusedmlp.activation_backward", "grad", grad, {"pre": pre})
     return grad.new_empty(grad.shape)
 
 
@@ -244,7 +253,9 @@ def _activation_backward_fake(grad: Tensor, pre: Tensor, activation: str) -> Ten
 def _gated_backward_fake(
     grad_product: Tensor, gate: Tensor, up: Tensor, activation: str
 ) -> tuple[Tensor, Tensor]:
-    _pointwise_fake("fusedmlp.gated_backward", grad_product, {"gate": gate, "up": up})
+    _pointwise_fake(
+        "fusedmlp.gated_backward", "grad_product", grad_product, {"gate": gate, "up": up}
+    )
     return grad_product.new_empty(grad_product.shape), grad_product.new_empty(grad_product.shape)
 
 
@@ -279,7 +290,7 @@ def _gated_mlp_backward_fake(
     need_grad_x: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
     op = "fusedmlp.gated_mlp_backward"
-    _, expected = _gated_fake(x, w_gate, w_up, w_down, (None, None, None))
+    _, expected = _gated_fake(op, x, w_gate, w_up, w_down, (None, None, None))
     _check_backward_inputs(op, grad_y, x, w_down.shape[0], saved, expected)
     weights = (w_gate, w_up, w_down)
     grad_biases = [w.new_empty(w.shape[0]) for w, present in zip(weights, bias) if present]
