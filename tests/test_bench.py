@@ -39,6 +39,16 @@ def test_quick_sweep_writes_every_case(tmp_path: Path) -> None:
         assert f"{case.name}: round" in result.stderr
 
 
+def test_unsupported_dtype_is_refused_before_any_timing(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    command = [sys.executable, "-m", "fusedmlp.bench", "--quick", "--dtype", "float16",
+               "--cases", "small_batch", "--out", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode != 0
+    assert "--dtype float16: the fused cpu kernels take float32, float64, bfloat16" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_case_subset_without_compile(tmp_path: Path) -> None:
     run_bench(tmp_path, "--cases", "small_batch,train_step", "--no-compile")
     document = json.loads((tmp_path / "bench.json").read_text())
