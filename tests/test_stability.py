@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 from collections.abc import Callable
 
 import fusedmlp
@@ -35,7 +36,10 @@ def rss_bytes() -> int:
 
 def live_tensors() -> int:
     gc.collect()
-    return sum(1 for obj in gc.get_objects() if isinstance(obj, Tensor))
+    # isinstance() on torch.distributed's deprecated reduce_op object warns
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return sum(1 for obj in gc.get_objects() if isinstance(obj, Tensor))
 
 
 def make_steps(dtype: torch.dtype) -> list[Callable[[], Tensor]]:
