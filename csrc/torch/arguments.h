@@ -54,6 +54,10 @@ at::Tensor as_rows(const at::Tensor &x);
 // The output shape (*, out_features) for an input of shape (*, in_features).
 std::vector<int64_t> output_shape(const at::Tensor &x, int64_t out_features);
 
+// A kernel's fresh (rows, out_features) result as the op's output of shape
+// (*, out_features) for input x, without a copy and not a view: see arguments.cpp.
+at::Tensor as_output(const at::Tensor &y_rows, const at::Tensor &x);
+
 // Which saved tensors a training chain keeps, in order, in one flat buffer:
 // for each layer l, its pre-activation when its activation is not "none",
 // then its output h_{l+1} when it is not the last layer.

@@ -24,7 +24,7 @@ struct OpWrappers {
     check_chain(op, x, weights, biases, Backend::dtypes());
     auto [y, saved] = Backend::chain(op, as_rows(x), weights, biases, hidden, final_activation,
                                      save);
-    return {y.view(output_shape(x, weights.back().size(0))), saved};
+    return {as_output(y, x), saved};
   }
 
   static TensorPair run_linear(const at::Tensor &x, const at::Tensor &weight,
@@ -74,7 +74,7 @@ struct OpWrappers {
     check_gated(op, x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, Backend::dtypes());
     auto [y, saved] = Backend::gated(op, as_rows(x), w_gate, w_up, w_down, bias_gate, bias_up,
                                      bias_down, act, save);
-    return {y.view(output_shape(x, w_down.size(0))), saved};
+    return {as_output(y, x), saved};
   }
 
   static at::Tensor gated_mlp(const at::Tensor &x, const at::Tensor &w_gate,
