@@ -12,6 +12,14 @@ from torch import Tensor, nn
 from .activations import activation_module, activation_name, check_activation
 from .functional import _check_tensor, _run_mlp, gated_mlp, linear
 
+# What a tensor-parallel plan leaves in place of a Parameter (none without torch.distributed).
+if torch.distributed.is_available():
+    from torch.distributed.tensor import DTensor
+
+    _DTENSOR: tuple[type, ...] = (DTensor,)
+else:
+    _DTENSOR = ()
+
 
 def _registered(module: nn.Module, name: str) -> Any:
     """module.<name> for a parameter or child module, read from nn.Module's own dicts:
@@ -57,7 +65,12 @@ class FusedLinear(nn.Linear):
         return fused
 
     def forward(self, x: Tensor) -> Tensor:
-        return linear(x, _registered(self, "weight"), _registered(self, "bias"), self.activation)
+        weight = _registered(self, "weight")
+        if isinstance(weight, _DTENSOR):
+            from .tensor_parallel import check_linear
+
+            check_linear(self, weight)
+        return linear(x, weight, _registered(self, "bias"), self.activation)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, activation={self.activation}"
@@ -114,6 +127,15 @@ class FusedMLP(nn.Sequential):
         weights = [_registered(layer, "weight") for layer in layers]
         biases = [_registered(layer, "bias") for layer in layers]
         _check_tensor("x", x)  # the rest are this module's own Linear parameters
+        if any(isinstance(w, _DTENSOR) for w in weights):
+            from . import tensor_parallel
+
+            tensor_parallel.check_mlp_depth(self, len(layers))
+            names = [name for name, m in self.named_children() if isinstance(m, nn.Linear)]
+            return tensor_parallel.run_block(
+                self, names, tensor_parallel.MLP_PLAN, x,
+                lambda x: _run_mlp(x, weights, biases, self.activation),
+            )
         return _run_mlp(x, weights, biases, self.activation)
 
 
@@ -165,6 +187,13 @@ class FusedGatedMLP(nn.Module):
         projections = [_registered(self, name) for name in ("gate_proj", "up_proj", "down_proj")]
         weights = [_registered(p, "weight") for p in projections]
         biases = [_registered(p, "bias") for p in projections]
+        if any(isinstance(w, _DTENSOR) for w in weights):
+            from . import tensor_parallel
+
+            return tensor_parallel.run_block(
+                self, ["gate_proj", "up_proj", "down_proj"], tensor_parallel.GATED_PLAN, x,
+                lambda x: gated_mlp(x, *weights, self.activation, *biases),
+            )
         return gated_mlp(x, *weights, self.activation, *biases)
 
     def extra_repr(self) -> str:
