@@ -2,24 +2,18 @@
 loopback only): per-step gradients and final weights match single-process training on the
 whole batch, and single-process training of the equivalent plain-PyTorch modules.
 
-The ranks are started with torch.multiprocessing (spawn) and write what they saw to files the
-test compares; float64 keeps the comparison tight (DDP averages the ranks' gradients, which
-only reorders a sum).
+The ranks are started by distributed_spawn.run_ranks; float64 keeps the comparison tight (DDP
+averages the ranks' gradients, which only reorders a sum).
 """
 
 from __future__ import annotations
-
-import os
-import socket
-import time
-from pathlib import Path
 
 import fusedmlp
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from distributed_spawn import run_ranks
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -98,52 +92,17 @@ def _named(model: nn.Module) -> list[tuple[str, Tensor]]:
     return [(name.removeprefix("module."), p) for name, p in model.named_parameters()]
 
 
-def rank_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """One DDP process: trains both models, saves what it saw."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(1)  # two processes on two cores
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        results = {}
-        for kind in ("mlp", "gated"):
-            model = DistributedDataParallel(make_model(kind))
-            results[kind] = train(model, kind, rank, world_size)
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_ranks(out_dir: Path) -> None:
-    """Spawns the ranks and waits for them, killing them past TIMEOUT_S (no hang in CI)."""
-    context = mp.start_processes(
-        rank_main,
-        args=(WORLD_SIZE, free_port(), str(out_dir)),
-        nprocs=WORLD_SIZE,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail(f"DDP ranks did not finish within {TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
+def rank_main(rank: int, world_size: int) -> dict[str, dict]:
+    """One DDP rank: trains both models, returns what it saw."""
+    return {
+        kind: train(DistributedDataParallel(make_model(kind)), kind, rank, world_size)
+        for kind in ("mlp", "gated")
+    }
 
 
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out_dir = tmp_path_factory.mktemp("ddp")
-    run_ranks(out_dir)
-    return [torch.load(out_dir / f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
+    return run_ranks(rank_main, WORLD_SIZE, tmp_path_factory.mktemp("ddp"), TIMEOUT_S)
 
 
 @pytest.mark.parametrize("kind", ["mlp", "gated"])
