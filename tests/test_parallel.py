@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 WORLD_SIZE = 2
 TIMEOUT_S = 120
 DIM, HIDDEN, OUT = 8, 16, 6  # HIDDEN and OUT split evenly over the ranks
-BATCH = 4  # x is (BATCH, 3, DIM); FSDP splits the batch between the ranks
+BATCH, SEQ = 4, 4  # x is (BATCH, SEQ, DIM); FSDP splits the batch, sequence parallel SEQ
 DTYPES = [torch.float32, torch.bfloat16]
 TP_KINDS = ["linear", "mlp", "gated"]
 LR = 0.1
@@ -99,9 +99,9 @@ def tp_plan(kind: str) -> dict:
 
 def batch(kind: str) -> tuple[Tensor, Tensor]:
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(BATCH, 3, DIM, generator=generator)
+    x = torch.randn(BATCH, SEQ, DIM, generator=generator)
     out = OUT if kind in ("linear", "mlp") else DIM
-    return x, torch.randn(BATCH, 3, out, generator=generator)
+    return x, torch.randn(BATCH, SEQ, out, generator=generator)
 
 
 def _plain(t: Tensor) -> Tensor:
@@ -110,11 +110,13 @@ def _plain(t: Tensor) -> Tensor:
     return full.detach().clone()
 
 
-def step(model: nn.Module, x: Tensor, target: Tensor, dtype: torch.dtype) -> dict:
-    """One training step; what it saw, gathered."""
+def step(
+    model: nn.Module, x: Tensor, target: Tensor, dtype: torch.dtype, scale: float = 1.0
+) -> dict:
+    """One training step, on the loss (y * target).mean() * scale; what it saw, gathered."""
     x = x.to(dtype).requires_grad_()
     y = model(x)
-    (y * target.to(y.dtype)).mean().backward()
+    ((y * target.to(y.dtype)).mean() * scale).backward()
     grads = {name: _plain(p.grad) for name, p in model.named_parameters()}
     torch.optim.SGD(model.parameters(), lr=LR).step()
     with torch.no_grad():
@@ -131,6 +133,34 @@ def tp_checks(mesh) -> dict:
             model = parallelize_module(fused_model(kind, dtype), mesh, tp_plan(kind))
             results[kind, dtype] = step(model, *batch(kind), dtype)
     return results
+
+
+def sequence_parallel_checks(mesh, rank: int) -> dict:
+    """The gated plan inside sequence parallelism (torchtitan's Llama MLP): the block's input
+    and output split on the sequence dim, gathered before gate/up, reduce-scattered after."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    x, target = batch("gated")
+    mine = sequence_share(rank, mesh.size())
+    results = {}
+    for dtype in DTYPES:
+        model = fused_model("gated", dtype)
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        parallelize_module(model, mesh, gather)
+        plan = {**tp_plan("gated"), "down_proj": RowwiseParallel(output_layouts=Shard(1))}
+        parallelize_module(model, mesh, plan)
+        # Each rank's mean covers its share of the sequence: their sum is the whole mean.
+        results[dtype] = step(model, x[:, mine], target[:, mine], dtype, 1 / mesh.size())
+    return results
+
+
+def sequence_share(rank: int, ranks: int) -> slice:
+    return slice(rank * SEQ // ranks, (rank + 1) * SEQ // ranks)
 
 
 def fsdp_checks(rank: int, world_size: int) -> dict:
@@ -256,6 +286,7 @@ def rank_main(rank: int, world_size: int) -> dict:
     mesh = init_device_mesh("cpu", (world_size,))
     return {
         "tp": tp_checks(mesh),
+        "sequence_parallel": sequence_parallel_checks(mesh, rank),
         "fsdp": fsdp_checks(rank, world_size),
         "refusals": refusals(mesh),
         "functional": functional_checks(mesh),
@@ -287,6 +318,16 @@ def test_tensor_parallel_plans_match_nn_linear(
     want = step(plain_model(kind, dtype), *batch(kind), dtype)
     for rank, results in enumerate(rank_results):
         assert_steps_match(results["tp"][kind, dtype], want, dtype, f"{kind} rank {rank}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gated_plan_inside_sequence_parallelism(rank_results: list[dict], dtype: torch.dtype):
+    want = step(plain_model("gated", dtype), *batch("gated"), dtype)
+    for rank, results in enumerate(rank_results):
+        mine = sequence_share(rank, WORLD_SIZE)
+        want_mine = {key: value[:, mine] for key, value in want.items() if key != "grads"}
+        got = results["sequence_parallel"][dtype]
+        assert_steps_match(got, {**want_mine, "grads": want["grads"]}, dtype, f"rank {rank}")
 
 
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "param_dtype=bfloat16"])
