@@ -445,3 +445,33 @@ def test_fsdp_times_tensor_parallel_2d_mesh(tmp_path: Path) -> None:
                 for name in ("fused", "plain")
             }
             assert len(views["fused"]) <= len(views["plain"]), views
+
+
+
+_RULES_REGISTERED = """
+import sys
+from torch.distributed.tensor._api import DTensor
+assert "fusedmlp.sharding" in sys.modules, "rules not registered"
+strategies = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+assert any(str(op).startswith("fusedmlp.") for op in strategies), "no fusedmlp op has a rule"
+"""
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import fusedmlp\n"
+        "assert 'torch.distributed.tensor' not in sys.modules, 'loaded by fusedmlp'\n"
+        "import torch.distributed.tensor",
+        "import torch.distributed.tensor\nimport fusedmlp",
+    ],
+    ids=["fusedmlp_first", "dtensor_first"],
+)
+def test_sharding_rules_load_with_dtensor_not_with_fusedmlp(imports: str) -> None:
+    """`import fusedmlp` leaves torch.distributed.tensor (1-2 s to import) unloaded; the
+    rules are registered as soon as DTensor is loaded, in either order."""
+    import subprocess
+    import sys
+
+    script = "import sys\n" + imports + _RULES_REGISTERED
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)

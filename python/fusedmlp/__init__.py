@@ -1,14 +1,12 @@
 """fusedmlp: fused Linear and MLP layers for PyTorch, as custom ops with C and CUDA C kernels."""
 
-import torch
-
+from . import dtensor_support
 from .activations import ACTIVATIONS
 from .convert import convert
 from .functional import gated_mlp, linear, mlp
 from .modules import FusedGatedMLP, FusedLinear, FusedMLP
 
-if torch.distributed.is_available():
-    from . import sharding  # noqa: F401  (registers the DTensor sharding rules)
+dtensor_support.install()
 
 __all__ = [
     "ACTIVATIONS",

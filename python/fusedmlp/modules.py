@@ -10,20 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from .activations import activation_module, activation_name, check_activation
+from .dtensor_support import is_dtensor
 from .functional import _check_tensor, _run_mlp, gated_mlp, linear
-
-# What a tensor-parallel plan leaves in place of a Parameter (none without torch.distributed).
-if torch.distributed.is_available():
-    from torch.distributed.tensor import DTensor
-
-    _DTENSOR: tuple[type, ...] = (DTensor,)
-else:
-    _DTENSOR = ()
-
-
-def _is_dtensor(t: Tensor | None) -> bool:
-    # An exact type test: isinstance against DTensor costs ~5x more, on every forward.
-    return type(t) in _DTENSOR
 
 
 def _registered(module: nn.Module, name: str) -> Any:
@@ -71,7 +59,7 @@ class FusedLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         weight = _registered(self, "weight")
-        if _is_dtensor(weight):
+        if is_dtensor(weight):
             from .tensor_parallel import check_linear
 
             check_linear(self, weight)
@@ -132,7 +120,7 @@ class FusedMLP(nn.Sequential):
         weights = [_registered(layer, "weight") for layer in layers]
         biases = [_registered(layer, "bias") for layer in layers]
         _check_tensor("x", x)  # the rest are this module's own Linear parameters
-        if _is_dtensor(weights[0]) or _is_dtensor(weights[-1]):  # a plan covers an end
+        if is_dtensor(weights[0]) or is_dtensor(weights[-1]):  # a plan covers an end
             from . import tensor_parallel
 
             tensor_parallel.check_mlp_depth(self, len(layers))
@@ -192,7 +180,7 @@ class FusedGatedMLP(nn.Module):
         projections = [_registered(self, name) for name in ("gate_proj", "up_proj", "down_proj")]
         weights = [_registered(p, "weight") for p in projections]
         biases = [_registered(p, "bias") for p in projections]
-        if _is_dtensor(weights[0]) or _is_dtensor(weights[2]):  # a plan covers gate or down
+        if is_dtensor(weights[0]) or is_dtensor(weights[2]):  # a plan covers gate or down
             from . import tensor_parallel
 
             return tensor_parallel.run_block(
