@@ -1,5 +1,5 @@
 """Tensor parallelism: DTensor sharding rules for the fusedmlp ops, and their backward on the
-local shards. Imported by the package only where torch.distributed is available.
+local shards. Loaded by dtensor_support.py as soon as torch.distributed.tensor is.
 
 A strategy says, for one mesh dimension, how an op's output, saved buffer and inputs are
 placed; DTensor expands the strategies over every mesh dimension, picks the cheapest and
