@@ -36,7 +36,8 @@ TORCH_LIBRARY(fusedmlp, m) {
 }
 
 // fusedmlp._C is imported for the registrations above, and tells which
-// instruction set the CPU kernels use (for tests and benchmarks).
+// instruction set the CPU kernels use and which the registry holds (for
+// tests, benchmarks and the C test build).
 #include <Python.h>
 
 #include "fusedmlp/cpu.h"
@@ -45,11 +46,47 @@ static PyObject *cpu_isa(PyObject * /*module*/, PyObject * /*unused*/) {
   return PyUnicode_FromString(fmlp_cpu_isa_name(fmlp_cpu_isa_in_use()));
 }
 
+// One (name, compiler flags, CPU features, supported here) tuple per ISA of
+// fusedmlp/cpu_isas.def, in its order; flags and features space-separated.
+static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
+  struct Entry {
+    fmlp_cpu_isa isa;
+    const char *flags, *features;
+  };
+#define FMLP_FEATURE(feature) " " #feature
+#define FMLP_ISA(id, name, flags, features) {FMLP_ISA_##id, flags, "" features},
+  static const Entry entries[] = {
+#include "fusedmlp/cpu_isas.def"
+  };
+  PyObject *result = PyTuple_New(FMLP_ISA_COUNT);
+  if (result == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < FMLP_ISA_COUNT; ++i) {
+    const Entry &e = entries[i];
+    const char *features = e.features[0] == ' ' ? e.features + 1 : e.features;
+    PyObject *entry = Py_BuildValue("(sssO)", fmlp_cpu_isa_name(e.isa), e.flags, features,
+                                    e.isa <= fmlp_cpu_isa_best() ? Py_True : Py_False);
+    if (entry == nullptr) {
+      Py_DECREF(result);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(result, i, entry);
+  }
+  return result;
+}
+
+// " portable avx2 avx512": the registry's names, for the docstring.
+#define FMLP_ISA(id, name, flags, features) " " #name
+static const char kCpuIsaDoc[] =
+    "The instruction set of the CPU kernels now, one of (best last):"
+#include "fusedmlp/cpu_isas.def"
+    "; FUSEDMLP_ISA forces a lower one.";
+
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyMethodDef methods[] = {
-      {"cpu_isa", cpu_isa, METH_NOARGS,
-       "The instruction set of the float CPU kernels now: avx512, avx2 or portable "
-       "(FUSEDMLP_ISA forces a lower one)."},
+      {"cpu_isa", cpu_isa, METH_NOARGS, kCpuIsaDoc},
+      {"cpu_isas", cpu_isas, METH_NOARGS,
+       "The registered instruction sets, lowest first: (name, compiler flags, CPU features, "
+       "supported by this CPU) each."},
       {nullptr, nullptr, 0, nullptr}};
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fusedmlp kernels", -1, methods};
   return PyModule_Create(&module);
