@@ -53,7 +53,7 @@ void *offset_data(const at::Tensor &buffer, int64_t offset) {
 }
 
 struct CpuBackend {
-  static std::vector<at::ScalarType> dtypes() { return {at::kFloat, at::kDouble, at::kBFloat16}; }
+  static std::vector<at::ScalarType> dtypes() { return cpu_dtypes(); }
 
   static TensorPair chain(const char *op, const at::Tensor &x_rows, at::TensorList weights,
                           at::TensorList biases, fmlp_activation hidden,

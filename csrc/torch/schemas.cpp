@@ -35,12 +35,48 @@ TORCH_LIBRARY(fusedmlp, m) {
       " -> (Tensor, Tensor)");
 }
 
-// fusedmlp._C is imported for the registrations above, and tells which
-// instruction set the CPU kernels use and which the registry holds (for
-// tests, benchmarks and the C test build).
+// fusedmlp._C is imported for the registrations above, and tells Python what
+// the registries hold (activations, instruction sets) and each device's dtypes,
+// so that Python never restates them.
 #include <Python.h>
 
+#include "arguments.h"
 #include "fusedmlp/cpu.h"
+
+static PyObject *activations(PyObject * /*module*/, PyObject * /*unused*/) {
+  PyObject *names = PyTuple_New(FMLP_ACT_COUNT);
+  if (names == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < FMLP_ACT_COUNT; ++i) {
+    PyObject *name = PyUnicode_FromString(fusedmlp::kActivationNames[i]);
+    if (name == nullptr) {
+      Py_DECREF(names);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(names, i, name);
+  }
+  return names;
+}
+
+// ("float32", ...): torch's names of the dtypes.
+static PyObject *dtype_names(const std::vector<at::ScalarType> &dtypes) {
+  PyObject *names = PyTuple_New(static_cast<Py_ssize_t>(dtypes.size()));
+  if (names == nullptr) return nullptr;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    const std::string_view name = c10::getDtypeNames(dtypes[i]).first;
+    PyObject *item = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+    if (item == nullptr) {
+      Py_DECREF(names);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(names, static_cast<Py_ssize_t>(i), item);
+  }
+  return names;
+}
+
+static PyObject *device_dtypes(PyObject * /*module*/, PyObject * /*unused*/) {
+  return Py_BuildValue("{s:N,s:N}", "cpu", dtype_names(fusedmlp::cpu_dtypes()), "cuda",
+                       dtype_names(fusedmlp::cuda_dtypes()));
+}
 
 static PyObject *cpu_isa(PyObject * /*module*/, PyObject * /*unused*/) {
   return PyUnicode_FromString(fmlp_cpu_isa_name(fmlp_cpu_isa_in_use()));
@@ -83,6 +119,10 @@ static const char kCpuIsaDoc[] =
 
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyMethodDef methods[] = {
+      {"activations", activations, METH_NOARGS,
+       "The activation names, in the order of the kernels' enum."},
+      {"device_dtypes", device_dtypes, METH_NOARGS,
+       "{device type: the names of the dtypes its kernels take}."},
       {"cpu_isa", cpu_isa, METH_NOARGS, kCpuIsaDoc},
       {"cpu_isas", cpu_isas, METH_NOARGS,
        "The registered instruction sets, lowest first: (name, compiler flags, CPU features, "

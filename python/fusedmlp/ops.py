@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import _C  # noqa: F401  (registers the ops)
+from . import _C  # registers the ops
 
 _ops = torch.ops.fusedmlp
 
@@ -50,11 +50,11 @@ def _rows(x: Tensor) -> int:
     return math.prod(x.shape[:-1])
 
 
-# The dtypes each device's kernels take (as csrc/torch/{cpu,cuda}.cpp); other
-# devices (meta) take any floating dtype.
+# The dtypes each device's kernels take (from the torch layer); other devices
+# (meta) take any floating dtype.
 _DEVICE_DTYPES = {
-    "cpu": (torch.float32, torch.float64, torch.bfloat16),
-    "cuda": (torch.float32, torch.float16, torch.bfloat16),
+    device: tuple(getattr(torch, name) for name in names)
+    for device, names in _C.device_dtypes().items()
 }
 
 
