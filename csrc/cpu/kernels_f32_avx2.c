@@ -5,5 +5,6 @@
 #include "simd_avx2.h"
 #include "precision_kernels.h"
 #include "real_template.h"
+#include "microkernel_simd.h"
 #include "drivers.h"
 #include "backward.h"

@@ -4,5 +4,6 @@
 #define REAL_SUFFIX f64_portable
 #include "precision_kernels.h"
 #include "real_template.h"
+#include "microkernel_portable.h"
 #include "drivers.h"
 #include "backward.h"
