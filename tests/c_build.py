@@ -29,12 +29,25 @@ COMMON = [
 ISAS: dict[str, CpuIsa] = {isa.name: isa for isa in cpu_isas()}
 
 
+REGISTRY = ROOT / "csrc" / "include" / "fusedmlp" / "cpu_isas.def"
+
+
+def registry_isas() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(ID, name, compiler flags) of each FMLP_ISA line of the registry, in its order."""
+    lines = re.findall(r'^FMLP_ISA\((\w+), (\w+), "([^"]*)",', REGISTRY.read_text(), re.MULTILINE)
+    return [(isa_id, name, tuple(flags.split())) for isa_id, name, flags in lines]
+
+
+def registry_units() -> list[tuple[str, str, str]]:
+    """(DTYPE, ISA_ID, suffix) of each FMLP_KERNELS line of the registry, in its order."""
+    return re.findall(r"^FMLP_KERNELS\((\w+), (\w+), (\w+)\)", REGISTRY.read_text(), re.MULTILINE)
+
+
 def kernel_unit_sources() -> dict[Path, str]:
-    """Each kernel unit's source -> its ISA's name, from the registry's FMLP_KERNELS lines."""
-    text = (ROOT / "csrc" / "include" / "fusedmlp" / "cpu_isas.def").read_text()
+    """Each kernel unit's source -> its ISA's name (suffix <dtype>_<isa name>)."""
     return {
         CPU_DIR / f"kernels_{suffix}.c": suffix.split("_", 1)[1]
-        for suffix in re.findall(r"^FMLP_KERNELS\(\w+, \w+, (\w+)\)", text, re.MULTILINE)
+        for _, _, suffix in registry_units()
     }
 
 
