@@ -82,8 +82,8 @@ static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
                                                              : n_panels;
   for (int64_t p = first; p < last; ++p) {
     const int64_t count = n - p * GEMM_NR < GEMM_NR ? n - p * GEMM_NR : GEMM_NR;
-    FN(pack_k_major)(src + p * GEMM_NR * rs, rs, cs, count, GEMM_NR, k,
-                     packed->data + p * k * GEMM_NR);
+    FMLP_PACK_WEIGHT_PANEL(src + p * GEMM_NR * rs, rs, cs, count, GEMM_NR, k,
+                           packed->data + p * k * GEMM_NR);
   }
 }
 
@@ -114,9 +114,9 @@ static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t r
 static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t kc, REAL *dst) {
   const REAL *src = x.data;
   for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
-    FN(pack_k_major)(src + ir * x.row_stride + pc * x.col_stride, x.row_stride, x.col_stride,
-                     mc - ir < GEMM_MR ? mc - ir : GEMM_MR, GEMM_MR, kc,
-                     dst + (ir / GEMM_MR) * kc * GEMM_MR);
+    FMLP_PACK_INPUT_PANEL(src + ir * x.row_stride + pc * x.col_stride, x.row_stride,
+                          x.col_stride, mc - ir < GEMM_MR ? mc - ir : GEMM_MR, GEMM_MR, kc,
+                          dst + (ir / GEMM_MR) * kc * GEMM_MR);
   }
 }
 

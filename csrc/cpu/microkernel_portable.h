@@ -6,9 +6,9 @@
 #include "activation.h"
 #include "tile.h"
 
-/* The block shape: an MR x NR tile, NR one cache line of REAL. */
-#define GEMM_MR 4
-#define GEMM_NR ((int64_t)(64 / sizeof(REAL))) /* one cache line of REAL */
+#if !defined(GEMM_MR) || !defined(GEMM_NR)
+#error "a portable unit defines its tile, GEMM_MR x GEMM_NR"
+#endif
 #define GEMM_KC 256
 #define GEMM_MC 64
 #define GEMM_NC 1024
@@ -16,11 +16,10 @@
 #define FMLP_TRANSPOSED_KERNELS 0
 #define FMLP_GATED_KERNEL 0
 
-/* Input and weight panels are packed element by element. */
-static void FN(pack_k_major)(const REAL *src, int64_t rs, int64_t cs, int64_t count,
-                             int64_t width, int64_t k, REAL *dst) {
-  FN(pack_rows_k_major)(src, rs, cs, count, width, k, dst);
-}
+/* Weight panels (NR rows) and input panels (MR rows) are packed K-major,
+ * element by element. */
+#define FMLP_PACK_WEIGHT_PANEL FN(pack_rows_k_major)
+#define FMLP_PACK_INPUT_PANEL FN(pack_rows_k_major)
 
 static void FN(activate_span)(REAL *v, int64_t n, fmlp_activation activation) {
   FN(activate_row)(v, n, activation);

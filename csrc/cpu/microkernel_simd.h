@@ -9,19 +9,9 @@
 #include "tile.h"
 #include "vector_math.h"
 
-/* The block shape. MR x NV accumulators, NV loads of b and one broadcast fill the register
- * file: 12 x 2 zmm (AVX-512), 6 x 2 ymm (AVX2). */
-#if FMLP_SIMD_REGISTERS >= 32
-#define GEMM_MR 12
-#else
-#define GEMM_MR 6
+#if !defined(GEMM_MR) || !defined(GEMM_NR)
+#error "a SIMD unit defines its tile, GEMM_MR x GEMM_NR (a multiple of FMLP_SIMD_WIDTH)"
 #endif
-#define GEMM_NR ((int64_t)(2 * FMLP_SIMD_WIDTH))
-/* Long K blocks: one pass over K for most layers, so each tile is loaded and
- * stored once. Measured on Zen 4 (1024^3, one thread): KC 1024 x MC 48 ran
- * ~15% faster than the textbook KC 256 x MC 192 (KC x NR in L1); the
- * MC x KC input block (192 KiB) and the KC x NR weight panel both stay in L2,
- * which feeds the FMA units fast enough. */
 #define GEMM_KC 1024
 #define GEMM_MC (GEMM_MR * 4)
 #define GEMM_NC 1024
@@ -29,10 +19,18 @@
  * (chosen with `python -m fusedmlp.bench`: packing a weight costs about as
  * much as multiplying it by this many rows). */
 #define GEMM_UNPACKED_MAX_ROWS ((int64_t)(2 * GEMM_NR))
+#define GEMM_NV (GEMM_NR / FMLP_SIMD_WIDTH)
+_Static_assert(GEMM_NR % FMLP_SIMD_WIDTH == 0, "GEMM_NR is whole vectors");
+/* the MR x NV accumulators, NV loads of b and one broadcast of a stay in registers */
+_Static_assert(GEMM_MR * GEMM_NV + GEMM_NV + 1 <= FMLP_SIMD_REGISTERS, "GEMM_MR x GEMM_NR spills");
 /* This unit has the transposed few-row kernels (weights read in place, the
  * lanes layout) and the gate-and-up kernel; gemm.h and drivers.h use them. */
 #define FMLP_TRANSPOSED_KERNELS 1
 #define FMLP_GATED_KERNEL 1
+/* Weight panels (NR rows) and input panels (MR rows) are packed K-major,
+ * transposed through registers. */
+#define FMLP_PACK_WEIGHT_PANEL FN(pack_k_major)
+#define FMLP_PACK_INPUT_PANEL FN(pack_k_major)
 
 /* dst[c * dst_stride + r] = src[r * src_stride + c] for r < stored_rows and
  * c < cols, with rows at or past n_rows (<= stored_rows <= W) zero: W x W
@@ -75,7 +73,6 @@ static void FN(pack_k_major)(const REAL *src, int64_t rs, int64_t cs, int64_t co
   FN(pack_rows_k_major)(src, rs, cs, count, width, k, dst);
 }
 
-#define GEMM_NV (GEMM_NR / FMLP_SIMD_WIDTH)
 
 #define FMLP_ALWAYS_INLINE inline __attribute__((always_inline))
 
