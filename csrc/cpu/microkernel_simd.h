@@ -372,3 +372,4 @@ static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL
 }
 
 #define FMLP_MICROKERNEL FN(microkernel_packed)
+#include "few_rows_simd.h"
