@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fusedmlp.cpu_isas import CpuIsa, cpu_isas
+from fusedmlp.registry import CpuIsa, cpu_isas
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_DIR = ROOT / "csrc" / "cpu"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import assert_matches_reference, reference_linear
 from fusedmlp import _C
-from fusedmlp.cpu_isas import cpu_isas
+from fusedmlp.registry import cpu_isas
 
 ISAS = {isa.name: isa for isa in cpu_isas()}
 EDGE = list(range(1, 34))

@@ -11,10 +11,10 @@ import fusedmlp
 import pytest
 import torch
 from c_build import CPU_DIR, ROOT, kernel_unit_sources, registry_isas, registry_units
-from conftest import assert_matches_reference
+from conftest import assert_matches_reference, reference_activation
 from fusedmlp import _C
-from fusedmlp.activations import activation_module
-from fusedmlp.cpu_isas import cpu_isas
+from fusedmlp.activations import activation_module, activation_name
+from fusedmlp.registry import cpu_isas
 
 ISA_NAMES = {isa_id: name for isa_id, name, _ in registry_isas()}
 
@@ -73,12 +73,16 @@ def test_the_activation_table_is_the_registry():
     text = (ROOT / "csrc/include/fusedmlp/activations.def").read_text()
     names = re.findall(r"^FMLP_ACTIVATION\(\w+, (\w+), \w+\)", text, re.MULTILINE)
     assert tuple(names) == fusedmlp.ACTIVATIONS
+    for name in names:  # the Python side knows each one's module, both ways (convert() needs it)
+        module = activation_module(name)
+        assert type(module) is type(reference_activation(name))
+        assert activation_name(module) == (None if name == "none" else name)
 
 
 @pytest.mark.parametrize("activation", fusedmlp.ACTIVATIONS)
 def test_every_activation_works_in_every_op(activation, generator):
     """Each op, forward and backward, against PyTorch's own module in float64."""
-    act = activation_module(activation)
+    act = reference_activation(activation)
     x = torch.randn(9, 12, generator=generator, dtype=torch.float64, requires_grad=True)
     w1, w2 = (torch.randn(12, 12, generator=generator, dtype=torch.float64) for _ in range(2))
     w3 = torch.randn(6, 12, generator=generator, dtype=torch.float64)

@@ -239,7 +239,7 @@ BackwardInputs backward_inputs(const at::Tensor &x, const at::Tensor &grad_y,
 }
 
 // The whole backwards, CPU only: elsewhere they are ATen GEMMs around the pointwise
-// ops (ops.py).
+// ops (autograd.py).
 std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_backward(
     const at::Tensor &grad_y, const at::Tensor &x, at::TensorList weights,
     const at::Tensor &saved, bool bias, c10::string_view hidden_activation,

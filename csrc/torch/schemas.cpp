@@ -3,7 +3,7 @@
 
 TORCH_LIBRARY(fusedmlp, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, str activation) -> Tensor");
-  // (y, saved): saved holds what the backward needs, see ops.py.
+  // (y, saved): saved holds what the backward needs, see saved_layout.py.
   m.def("linear_train(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
   // biases: one per weight, or none at all (Tensor?[] would hide them from autograd).
   m.def("mlp(Tensor x, Tensor[] weights, Tensor[] biases, str activation) -> Tensor");

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from fusedmlp.cpu_isas import cpu_isas
+from fusedmlp.registry import cpu_isas
 
 PEAK_SOURCE = r"""
 #include <immintrin.h>

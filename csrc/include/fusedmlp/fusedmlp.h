@@ -40,13 +40,6 @@ typedef enum {
 /* A human-readable name for a status, for error messages. */
 const char *fmlp_status_string(fmlp_status status);
 
-/* A strided 2-D view: element (r, c) lives at data[r * row_stride + c * col_stride]. */
-typedef struct {
-  void *data;
-  int64_t rows, cols;
-  int64_t row_stride, col_stride;
-} fmlp_matrix;
-
 #ifdef __cplusplus
 }
 #endif
