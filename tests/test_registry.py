@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import fusedmlp
 import pytest
@@ -43,6 +44,30 @@ def test_every_kernel_unit_is_linked_into_the_extension():
     for _, _, suffix in registry_units():
         for entry in ("chain", "gated", "chain_backward", "gated_block_backward"):
             assert re.search(rf"\bfmlp_cpu_{entry}_{suffix}\b", symbols), (entry, suffix)
+
+
+def cpuinfo_flags() -> set[str] | None:
+    """The kernel's CPU flags, spelled without "_" or "-" (cpuinfo writes avx512_bf16 where
+    GCC's __builtin_cpu_supports says avx512bf16); None off x86 Linux."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return {re.sub("[_-]", "", flag) for flag in line.split(":", 1)[1].split()}
+    return None
+
+
+def test_detection_agrees_with_the_kernel():
+    """An ISA is supported exactly when the OS reports all its features: CPUID detection
+    (which the test matrix's skips follow) checked against an independent source."""
+    flags = cpuinfo_flags()
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo flags")
+    for isa in cpu_isas():
+        needed = {re.sub("[_-]", "", feature) for feature in isa.cpu_features}
+        assert isa.supported == (needed <= flags), isa
 
 
 def test_every_isa_is_detected_and_forced_by_name(monkeypatch):
