@@ -2,7 +2,6 @@
 
 #include <c10/util/safe_numerics.h>
 
-
 namespace fusedmlp {
 
 namespace {
