@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import site
 import sys
@@ -84,50 +85,62 @@ def cublaslt_location() -> tuple[str, str, str]:
     sys.exit("fusedmlp: CUDA build requested but cuBLASLt (cublasLt.h, libcublasLt.so) not found")
 
 
-# The float kernels for each instruction set live in their own translation
-# unit, built into their own static library with their own flags; everything
-# else (API, ISA choice, the portable and double kernels) is built for any
-# x86-64 CPU. The API picks an ISA at run time from CPUID.
-CPU_ISA_FLAGS = {
-    "avx2": ["-mavx2", "-mfma"],
-    "avx512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma"],
-}
+def cpu_isa_registry() -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The registry csrc/include/fusedmlp/cpu_isas.def, read without a C compiler: each
+    ISA's name -> compiler flags, and each kernel unit's source -> its ISA's name."""
+    text = (ROOT / "csrc" / "include" / "fusedmlp" / "cpu_isas.def").read_text()
+    isas = re.findall(r'^FMLP_ISA\((\w+), (\w+), "([^"]*)",', text, re.MULTILINE)
+    names = {isa_id: name for isa_id, name, _ in isas}
+    flags = {name: isa_flags.split() for _, name, isa_flags in isas}
+    units = re.findall(r"^FMLP_KERNELS\(\w+, (\w+), (\w+)\)", text, re.MULTILINE)
+    return flags, {f"csrc/cpu/kernels_{suffix}.c": names[isa_id] for isa_id, suffix in units}
 
 
+# The kernel units of each instruction set are built into their own static
+# library with that ISA's flags; everything else (API, ISA choice, the
+# portable units) is built for any x86-64 CPU. The API picks an ISA at run
+# time from CPUID.
 def cpu_kernel_libraries() -> list[tuple[str, dict]]:
     cpu_dir = ROOT / "csrc" / "cpu"
-    isa_sources = {isa: f"csrc/cpu/kernels_f32_{isa}.c" for isa in CPU_ISA_FLAGS}
+    isa_flags, unit_isas = cpu_isa_registry()
+    isa_sources = {source: isa for source, isa in unit_isas.items() if isa_flags[isa]}
     portable = sorted(
         str(p.relative_to(ROOT))
         for p in cpu_dir.glob("*.c")
-        if str(p.relative_to(ROOT)) not in isa_sources.values()
+        if str(p.relative_to(ROOT)) not in isa_sources
     )
     flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-fno-math-errno"]
     # obj_deps: every kernel includes the templates and headers, which
     # build_clib would otherwise not know to recompile for.
     headers = sorted(
         str(p.relative_to(ROOT))
-        for p in [*cpu_dir.glob("*.h"), *(ROOT / "csrc" / "include" / "fusedmlp").glob("*.h")]
+        for p in [
+            *cpu_dir.glob("*.h"),
+            *(ROOT / "csrc" / "include" / "fusedmlp").glob("*.h"),
+            *(ROOT / "csrc" / "include" / "fusedmlp").glob("*.def"),
+        ]
     )
     common = {"include_dirs": ["csrc/include", "csrc/cpu"], "obj_deps": {"": headers}}
     # The portable library comes first: the linker resolves its references to
     # the ISA libraries that follow it.
     libraries = [("fusedmlp_cpu_kernels", {**common, "sources": portable, "cflags": flags})]
-    for isa, isa_flags in CPU_ISA_FLAGS.items():
-        libraries.append(
-            (
-                f"fusedmlp_cpu_kernels_{isa}",
-                {**common, "sources": [isa_sources[isa]], "cflags": flags + isa_flags},
+    for isa, extra_flags in isa_flags.items():
+        sources = sorted(source for source, unit_isa in isa_sources.items() if unit_isa == isa)
+        if sources:
+            libraries.append(
+                (
+                    f"fusedmlp_cpu_kernels_{isa}",
+                    {**common, "sources": sources, "cflags": flags + extra_flags},
+                )
             )
-        )
     return libraries
 
 
 def kernel_files() -> list[str]:
     """The C kernels' sources and headers: the extension relinks when they change, since
     build_ext does not look at the static libraries themselves."""
-    paths = [*(ROOT / "csrc" / "cpu").glob("*"), *(ROOT / "csrc" / "include").rglob("*.h")]
-    return sorted(str(p.relative_to(ROOT)) for p in paths if p.suffix in (".c", ".h"))
+    paths = [*(ROOT / "csrc" / "cpu").glob("*"), *(ROOT / "csrc" / "include").rglob("*")]
+    return sorted(str(p.relative_to(ROOT)) for p in paths if p.suffix in (".c", ".h", ".def"))
 
 
 def extension():

@@ -30,6 +30,30 @@ def reference_activation(name: str) -> nn.Module:
     }[name]
 
 
+FUNCTIONAL = {
+    "none": lambda t: t,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+class GatedBlock(nn.Module):
+    """The block as models write it: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, dim: int, hidden: int, activation: str, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
+        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = FUNCTIONAL[self.activation]
+        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
+
+
 def reference_linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:
     return reference_activation(activation)(F.linear(x, weight, bias))
 

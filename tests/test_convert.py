@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fusedmlp
 import torch
-from test_gated import GatedBlock
+from conftest import GatedBlock
 from torch import nn
 
 

@@ -18,9 +18,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_c_kernels import CPU_FLAGS_NEEDED, build_c_test, isa_environment
+from c_build import ISAS, ROOT, build_c_test, isa_environment
 
-ROOT = Path(__file__).resolve().parent.parent
 SECONDS = float(os.environ.get("FUSEDMLP_FUZZ_SECONDS", "20"))
 SEED = int(os.environ.get("FUSEDMLP_FUZZ_SEED", "6"))
 
@@ -38,12 +37,12 @@ def fuzzer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return binary
 
 
-@pytest.mark.parametrize("isa", list(CPU_FLAGS_NEEDED))
+@pytest.mark.parametrize("isa", list(ISAS))
 def test_fuzz_kernels_under_sanitizers(fuzzer: Path, isa: str) -> None:
     """Each instruction set the CPU has gets its share of the time budget."""
     env = dict(isa_environment(isa), ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
                UBSAN_OPTIONS="")
-    seconds = SECONDS / len(CPU_FLAGS_NEEDED)
+    seconds = SECONDS / len(ISAS)
     result = subprocess.run(
         [str(fuzzer), str(seconds), str(SEED)],
         capture_output=True,

@@ -11,34 +11,12 @@ from conftest import (
     ACTIVATIONS,
     DEVICE_DTYPES,
     DEVICES,
+    FUNCTIONAL,
+    GatedBlock,
     assert_compiled_matches,
     assert_matches_reference,
 )
-from torch import nn
 from torch.library import opcheck
-
-FUNCTIONAL = {
-    "none": lambda t: t,
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-    "silu": F.silu,
-}
-
-
-class GatedBlock(nn.Module):
-    """The block as models write it: down(act(gate(x)) * up(x))."""
-
-    def __init__(self, dim: int, hidden: int, activation: str, bias: bool = False) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
-        self.up_proj = nn.Linear(dim, hidden, bias=bias)
-        self.down_proj = nn.Linear(hidden, dim, bias=bias)
-        self.activation = activation
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        act = FUNCTIONAL[self.activation]
-        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
 
 
 def random_params(dim, hidden, dtype, device, bias, generator):

@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import assert_matches_reference, reference_linear
 from fusedmlp import _C
-from test_c_kernels import CPU_FLAGS_NEEDED, cpu_flags
+from fusedmlp.registry import cpu_isas
 
-ISAS = list(CPU_FLAGS_NEEDED)
+ISAS = {isa.name: isa for isa in cpu_isas()}
 EDGE = list(range(1, 34))
 PRIMES = [37, 61, 97, 127]
 # (rows, out, in): one dimension sweeps 1..33 while the others stay odd; then large ones
@@ -24,11 +24,10 @@ SHAPES = (
 )
 
 
-@pytest.fixture(params=ISAS)
+@pytest.fixture(params=list(ISAS))
 def isa(request, monkeypatch) -> str:
-    missing = CPU_FLAGS_NEEDED[request.param] - cpu_flags()
-    if missing:
-        pytest.skip(f"this CPU lacks {sorted(missing)}")
+    if not ISAS[request.param].supported:
+        pytest.skip(f"this CPU lacks some of {list(ISAS[request.param].cpu_features)}")
     monkeypatch.setenv("FUSEDMLP_ISA", request.param)
     assert _C.cpu_isa() == request.param
     return request.param

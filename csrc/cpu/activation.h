@@ -1,5 +1,6 @@
-/* Activations and their derivatives, elementwise over a row (template:
- * see real_template.h). The switch sits outside the loops so each loop is a
+/* Activations and their derivatives, elementwise over a row, for the
+ * portable unit (template: see real_template.h; the SIMD units use
+ * vector_math.h). The switch sits outside the loops so each loop is a
  * plain vectorisable pass. */
 #include <math.h>
 #include <string.h>
@@ -18,8 +19,6 @@ static inline REAL FN(gelu_tanh_inner)(REAL z) {
 
 static inline REAL FN(sigmoid)(REAL z) { return (REAL)1 / ((REAL)1 + exp(-z)); }
 
-#ifndef FMLP_SIMD_WIDTH /* SIMD kernels use vector_math.h's activate_span and
-                         * activation_grad_span */
 static void FN(activate_row)(REAL *v, int64_t n, fmlp_activation activation) {
   switch (activation) {
     case FMLP_ACT_RELU:
@@ -83,5 +82,3 @@ static void FN(activation_grad_row)(REAL *out, const REAL *grad, const REAL *pre
       return;
   }
 }
-
-#endif

@@ -6,7 +6,7 @@
 #include "memory.h"
 #include "precision_kernels.h"
 
-/* One precision's kernels, built for one instruction set. */
+/* One dtype's kernels, built for one instruction set. */
 typedef struct {
   fmlp_status (*chain)(const fmlp_cpu_chain_args *, const fmlp_threading *);
   fmlp_status (*gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
@@ -19,29 +19,35 @@ typedef struct {
                                 fmlp_activation, void *, void *, const fmlp_threading *);
 } precision_kernels;
 
-#define FMLP_PRECISION_KERNELS(suffix)                                                     \
-  {fmlp_cpu_chain_##suffix, fmlp_cpu_gated_##suffix, fmlp_cpu_chain_backward_##suffix,      \
-   fmlp_cpu_gated_block_backward_##suffix, fmlp_cpu_activation_backward_##suffix,          \
-   fmlp_cpu_gated_backward_##suffix}
+/* Every fmlp_dtype value indexes the table. */
+#define DTYPE_SLOTS (FMLP_F16 + 1)
 
-static const precision_kernels float_kernels[FMLP_ISA_COUNT] = {
-    [FMLP_ISA_PORTABLE] = FMLP_PRECISION_KERNELS(f32_portable),
-    [FMLP_ISA_AVX2] = FMLP_PRECISION_KERNELS(f32_avx2),
-    [FMLP_ISA_AVX512] = FMLP_PRECISION_KERNELS(f32_avx512),
+/* The registry's kernel units by dtype and ISA; a gap (chain == NULL) means no unit. */
+static const precision_kernels kernel_units[DTYPE_SLOTS][FMLP_ISA_COUNT] = {
+#define FMLP_KERNELS(dtype, isa, suffix)                                                    \
+  [FMLP_##dtype][FMLP_ISA_##isa] = {                                                        \
+      fmlp_cpu_chain_##suffix, fmlp_cpu_gated_##suffix, fmlp_cpu_chain_backward_##suffix,   \
+      fmlp_cpu_gated_block_backward_##suffix, fmlp_cpu_activation_backward_##suffix,       \
+      fmlp_cpu_gated_backward_##suffix},
+#include "fusedmlp/cpu_isas.def"
 };
 
-/* Double precision has portable kernels only. */
-static const precision_kernels double_kernels = FMLP_PRECISION_KERNELS(f64_portable);
+/* The CPU kernels take a dtype that has a portable unit. */
+static int valid_dtype(fmlp_dtype dtype) {
+  return (int)dtype >= 0 && (int)dtype < DTYPE_SLOTS &&
+         kernel_units[dtype][FMLP_ISA_PORTABLE].chain != NULL;
+}
 
+/* The dtype's best unit at or below the ISA in use (valid dtypes only). */
 static const precision_kernels *kernels_for(fmlp_dtype dtype) {
-  return dtype == FMLP_F64 ? &double_kernels : &float_kernels[fmlp_cpu_isa_in_use()];
+  int isa = (int)fmlp_cpu_isa_in_use();
+  while (kernel_units[dtype][isa].chain == NULL) --isa;
+  return &kernel_units[dtype][isa];
 }
 
 static int valid_activation(fmlp_activation activation) {
   return activation >= FMLP_ACT_NONE && activation < FMLP_ACT_COUNT;
 }
-
-static int valid_dtype(fmlp_dtype dtype) { return dtype == FMLP_F32 || dtype == FMLP_F64; }
 
 /* rows x cols elements must be countable in int64_t. */
 static fmlp_status check_count(int64_t rows, int64_t cols, int64_t *count) {

@@ -222,7 +222,7 @@ static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t r
       w->k};
   const REAL *part_bias = bias != NULL ? bias + j0 : NULL;
   REAL *part_pre = out.pre != NULL ? out.pre + j0 : NULL;
-#ifdef FMLP_SIMD_WIDTH
+#if FMLP_TRANSPOSED_KERNELS
   if (in_lanes != NULL || out.c_lanes != NULL) {
     const FN(product_out) part_out = {
         .c = out.c != NULL ? out.c + j0 : NULL,
@@ -318,7 +318,7 @@ typedef struct {
 /* Whether layer l leaves its output to layer l + 1 in lanes layout: both
  * read their weights in place (few rows) and nobody needs it row-major. */
 static int FN(hands_off_lanes)(const FN(chain_rows) *b, int64_t l) {
-#ifdef FMLP_SIMD_WIDTH
+#if FMLP_TRANSPOSED_KERNELS
   const fmlp_cpu_chain_args *a = b->job->args;
   const FN(packed_weight) *packed = b->job->packed;
   if (l + 1 >= a->n_layers || !FN(lanes_possible)(b->rows)) return 0;
@@ -467,7 +467,7 @@ static void FN(gated_part)(const void *block, int64_t stage, int64_t task, int64
                        FMLP_ACT_NONE, out, task, n_tasks, input_pack);
     return;
   }
-#ifdef FMLP_SIMD_WIDTH
+#if FMLP_GATED_KERNEL
   if (job->gate.data != NULL && job->up.data != NULL && a->dim > 0) {
     if (task != 0) return;
     const int save = a->saved_gate != NULL || a->saved_up != NULL;

@@ -1,21 +1,24 @@
-/* Run-time choice of the instruction set for the float kernels. */
+/* Run-time choice of the instruction set, from the registry
+ * fusedmlp/cpu_isas.def. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "fusedmlp/cpu.h"
 
-static fmlp_cpu_isa best_supported_isa(void) {
+fmlp_cpu_isa fmlp_cpu_isa_best(void) {
+  fmlp_cpu_isa best = FMLP_ISA_PORTABLE;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init(); /* idempotent; needed if we run before libgcc's constructor */
   /* libgcc also checks that the OS saves the AVX / AVX-512 register state. */
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("fma")) {
-    return FMLP_ISA_AVX512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return FMLP_ISA_AVX2;
+#define FMLP_FEATURE(feature) &&__builtin_cpu_supports(#feature)
+#else
+#define FMLP_FEATURE(feature) &&0 /* CPUID features are x86's */
 #endif
-  return FMLP_ISA_PORTABLE;
+  /* the registry lists ISAs in increasing order: the last supported one wins */
+#define FMLP_ISA(id, name, flags, features) \
+  if (1 features) best = FMLP_ISA_##id;
+#include "fusedmlp/cpu_isas.def"
+  return best;
 }
 
 static fmlp_cpu_isa isa_named(const char *name, fmlp_cpu_isa fallback) {
@@ -26,7 +29,7 @@ static fmlp_cpu_isa isa_named(const char *name, fmlp_cpu_isa fallback) {
 }
 
 fmlp_cpu_isa fmlp_cpu_isa_in_use(void) {
-  const fmlp_cpu_isa best = best_supported_isa();
+  const fmlp_cpu_isa best = fmlp_cpu_isa_best();
   const char *forced = getenv("FUSEDMLP_ISA");
   if (forced == NULL || forced[0] == '\0') return best;
   const fmlp_cpu_isa wanted = isa_named(forced, best);
@@ -36,9 +39,9 @@ fmlp_cpu_isa fmlp_cpu_isa_in_use(void) {
 
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa) {
   switch (isa) {
-    case FMLP_ISA_PORTABLE: return "portable";
-    case FMLP_ISA_AVX2: return "avx2";
-    case FMLP_ISA_AVX512: return "avx512";
+#define FMLP_ISA(id, name, flags, features) \
+  case FMLP_ISA_##id: return #name;
+#include "fusedmlp/cpu_isas.def"
     case FMLP_ISA_COUNT: break;
   }
   return "unknown";

@@ -1,9 +1,14 @@
 /* The CPU kernels in single precision for AVX2 + FMA; this file alone is
  * compiled with -mavx2 -mfma and only runs after CPUID says it may. */
-#define REAL float
+#define REAL float /* storage and accumulator */
 #define REAL_SUFFIX f32_avx2
 #include "simd_avx2.h"
+/* 6 x 2 ymm accumulators, 2 loads of b and one broadcast of a: 15 of the 16
+ * registers. */
+#define GEMM_MR 6
+#define GEMM_NR ((int64_t)(2 * FMLP_SIMD_WIDTH))
 #include "precision_kernels.h"
 #include "real_template.h"
+#include "microkernel_simd.h" /* the micro-kernel, packing and block loops' shape */
 #include "drivers.h"
 #include "backward.h"

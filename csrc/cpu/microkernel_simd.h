@@ -1,12 +1,78 @@
 /* The register-tiled SIMD micro-kernels (template: real_template.h plus the
- * vreal operations of simd_<isa>.h). An MR x NR tile of accumulators, NR =
- * NV vectors wide, lives in registers for the whole K loop: each step loads
+ * vreal operations of simd_<isa>.h; see docs/kernels.md). An MR x NR tile of
+ * accumulators, NR = NV vectors wide, lives in registers for the whole K loop: each step loads
  * NV vectors of the packed operand b and broadcasts MR scalars of a. The
  * accumulators start at the bias (or at the partial sums of earlier K
  * blocks), and the last K block activates them in registers before the one
  * store. Edge tiles use masked loads and stores: nothing outside the output
  * is read or written. */
+#include "tile.h"
+#include "vector_math.h"
+
+#if !defined(GEMM_MR) || !defined(GEMM_NR)
+#error "a SIMD unit defines its tile, GEMM_MR x GEMM_NR (a multiple of FMLP_SIMD_WIDTH)"
+#endif
+#define GEMM_KC 1024
+#define GEMM_MC (GEMM_MR * 4)
+#define GEMM_NC 1024
+/* Up to this many rows the weight is read in place rather than packed
+ * (chosen with `python -m fusedmlp.bench`: packing a weight costs about as
+ * much as multiplying it by this many rows). */
+#define GEMM_UNPACKED_MAX_ROWS ((int64_t)(2 * GEMM_NR))
 #define GEMM_NV (GEMM_NR / FMLP_SIMD_WIDTH)
+_Static_assert(GEMM_NR % FMLP_SIMD_WIDTH == 0, "GEMM_NR is whole vectors");
+/* the MR x NV accumulators, NV loads of b and one broadcast of a stay in registers */
+_Static_assert(GEMM_MR * GEMM_NV + GEMM_NV + 1 <= FMLP_SIMD_REGISTERS, "GEMM_MR x GEMM_NR spills");
+/* This unit has the transposed few-row kernels (weights read in place, the
+ * lanes layout) and the gate-and-up kernel; gemm.h and drivers.h use them. */
+#define FMLP_TRANSPOSED_KERNELS 1
+#define FMLP_GATED_KERNEL 1
+/* Weight panels (NR rows) and input panels (MR rows) are packed K-major,
+ * transposed through registers. */
+#define FMLP_PACK_WEIGHT_PANEL FN(pack_k_major)
+#define FMLP_PACK_INPUT_PANEL FN(pack_k_major)
+
+/* dst[c * dst_stride + r] = src[r * src_stride + c] for r < stored_rows and
+ * c < cols, with rows at or past n_rows (<= stored_rows <= W) zero: W x W
+ * blocks go through registers (a vector transpose moves ~8x more elements a
+ * cycle than a scalar copy), the last cols % W columns element by element.
+ * src has unit column stride. */
+static void FN(pack_transposed_block)(const REAL *src, int64_t src_stride, int64_t n_rows,
+                                      int64_t stored_rows, int64_t cols, REAL *dst,
+                                      int64_t dst_stride) {
+  int64_t c0 = 0;
+  for (; c0 + FMLP_SIMD_WIDTH <= cols; c0 += FMLP_SIMD_WIDTH) {
+    vreal block[FMLP_SIMD_WIDTH];
+    for (int i = 0; i < FMLP_SIMD_WIDTH; ++i) {
+      block[i] = i < n_rows ? v_load(src + i * src_stride + c0) : v_zero();
+    }
+    v_transpose(block);
+    for (int t = 0; t < FMLP_SIMD_WIDTH; ++t) {
+      v_store_first(dst + (c0 + t) * dst_stride, block[t], stored_rows);
+    }
+  }
+  for (int64_t c = c0; c < cols; ++c) {
+    for (int64_t i = 0; i < stored_rows; ++i) {
+      dst[c * dst_stride + i] = i < n_rows ? src[i * src_stride + c] : (REAL)0;
+    }
+  }
+}
+/* pack_rows_k_major, with rows of unit column stride (the forward's operands)
+ * transposed through registers, W x W at a time. */
+static void FN(pack_k_major)(const REAL *src, int64_t rs, int64_t cs, int64_t count,
+                             int64_t width, int64_t k, REAL *dst) {
+  if (cs == 1) {
+    for (int64_t half = 0; half < width; half += FMLP_SIMD_WIDTH) {
+      const int64_t stored = width - half < FMLP_SIMD_WIDTH ? width - half : FMLP_SIMD_WIDTH;
+      const int64_t n_rows = count - half < 0 ? 0 : count - half < stored ? count - half : stored;
+      FN(pack_transposed_block)(n_rows > 0 ? src + half * rs : src, rs, n_rows, stored, k,
+                                dst + half, width);
+    }
+    return;
+  }
+  FN(pack_rows_k_major)(src, rs, cs, count, width, k, dst);
+}
+
 
 #define FMLP_ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -304,3 +370,6 @@ static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL
     }
   }
 }
+
+#define FMLP_MICROKERNEL FN(microkernel_packed)
+#include "few_rows_simd.h"

@@ -1,12 +1,13 @@
-/* The per-precision, per-ISA entry points behind the public CPU API (cpu.h),
+/* The per-dtype, per-ISA entry points behind the public CPU API (cpu.h),
  * which validates arguments and then picks one of these by dtype and by
- * fmlp_cpu_isa_in_use(). Each is defined in its own translation unit. */
+ * fmlp_cpu_isa_in_use(): one set per kernel unit of the registry
+ * fusedmlp/cpu_isas.def, each defined in its own translation unit. */
 #ifndef FUSEDMLP_CPU_PRECISION_KERNELS_H
 #define FUSEDMLP_CPU_PRECISION_KERNELS_H
 
 #include "fusedmlp/cpu.h"
 
-#define FMLP_DECLARE_PRECISION_KERNELS(suffix)                                                  \
+#define FMLP_KERNELS(dtype, isa, suffix)                                                        \
   fmlp_status fmlp_cpu_chain_##suffix(const fmlp_cpu_chain_args *args,                          \
                                       const fmlp_threading *threading);                         \
   fmlp_status fmlp_cpu_gated_##suffix(const fmlp_cpu_gated_args *args,                          \
@@ -22,12 +23,6 @@
       int64_t n, const void *grad_product, const void *gate, const void *up,                    \
       fmlp_activation activation, void *grad_gate, void *grad_up,                               \
       const fmlp_threading *threading);
-
-FMLP_DECLARE_PRECISION_KERNELS(f32_portable)
-FMLP_DECLARE_PRECISION_KERNELS(f32_avx2)
-FMLP_DECLARE_PRECISION_KERNELS(f32_avx512)
-FMLP_DECLARE_PRECISION_KERNELS(f64_portable)
-
-#undef FMLP_DECLARE_PRECISION_KERNELS
+#include "fusedmlp/cpu_isas.def"
 
 #endif /* FUSEDMLP_CPU_PRECISION_KERNELS_H */

@@ -3,14 +3,18 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/safe_numerics.h>
 
-#include <array>
-
 namespace fusedmlp {
 
 namespace {
 
-constexpr std::array<const char *, FMLP_ACT_COUNT> kActivationNames = {
-    "none", "relu", "gelu", "gelu_tanh", "silu"};
+// "none, relu, ...": the registry's names, for the error message.
+std::string activation_names() {
+  std::string names;
+  for (const char *name : kActivationNames) {
+    names += (names.empty() ? "" : ", ") + std::string(name);
+  }
+  return names;
+}
 
 std::string dtype_names(const std::vector<at::ScalarType> &dtypes) {
   std::string names;
@@ -97,7 +101,7 @@ fmlp_activation parse_activation(c10::string_view name) {
     if (name == kActivationNames[i]) return static_cast<fmlp_activation>(i);
   }
   TORCH_CHECK_VALUE(false, "fusedmlp: unknown activation '", std::string(name),
-                    "'; valid names are none, relu, gelu, gelu_tanh, silu");
+                    "'; valid names are ", activation_names());
 }
 
 std::optional<at::Tensor> bias_at(at::TensorList biases, size_t layer) {

@@ -4,12 +4,24 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
 #include "fusedmlp/fusedmlp.h"
 
 namespace fusedmlp {
+
+// The activations' names, indexed by fmlp_activation: the registry
+// fusedmlp/activations.def.
+inline constexpr std::array<const char *, FMLP_ACT_COUNT> kActivationNames = {
+#define FMLP_ACTIVATION(id, name, cublaslt) #name,
+#include "fusedmlp/activations.def"
+};
+
+// The storage dtypes each device's kernels take (fusedmlp._C.device_dtypes()).
+inline std::vector<at::ScalarType> cpu_dtypes() { return {at::kFloat, at::kDouble, at::kBFloat16}; }
+inline std::vector<at::ScalarType> cuda_dtypes() { return {at::kFloat, at::kHalf, at::kBFloat16}; }
 
 // "none", "relu", ... -> enum; anything else is a ValueError naming the valid names.
 fmlp_activation parse_activation(c10::string_view name);

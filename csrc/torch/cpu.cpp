@@ -53,7 +53,7 @@ void *offset_data(const at::Tensor &buffer, int64_t offset) {
 }
 
 struct CpuBackend {
-  static std::vector<at::ScalarType> dtypes() { return {at::kFloat, at::kDouble, at::kBFloat16}; }
+  static std::vector<at::ScalarType> dtypes() { return cpu_dtypes(); }
 
   static TensorPair chain(const char *op, const at::Tensor &x_rows, at::TensorList weights,
                           at::TensorList biases, fmlp_activation hidden,
@@ -239,7 +239,7 @@ BackwardInputs backward_inputs(const at::Tensor &x, const at::Tensor &grad_y,
 }
 
 // The whole backwards, CPU only: elsewhere they are ATen GEMMs around the pointwise
-// ops (ops.py).
+// ops (autograd.py).
 std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_backward(
     const at::Tensor &grad_y, const at::Tensor &x, at::TensorList weights,
     const at::Tensor &saved, bool bias, c10::string_view hidden_activation,

@@ -3,7 +3,7 @@
 
 TORCH_LIBRARY(fusedmlp, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, str activation) -> Tensor");
-  // (y, saved): saved holds what the backward needs, see ops.py.
+  // (y, saved): saved holds what the backward needs, see saved_layout.py.
   m.def("linear_train(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
   // biases: one per weight, or none at all (Tensor?[] would hide them from autograd).
   m.def("mlp(Tensor x, Tensor[] weights, Tensor[] biases, str activation) -> Tensor");
@@ -35,21 +35,98 @@ TORCH_LIBRARY(fusedmlp, m) {
       " -> (Tensor, Tensor)");
 }
 
-// fusedmlp._C is imported for the registrations above, and tells which
-// instruction set the CPU kernels use (for tests and benchmarks).
+// fusedmlp._C is imported for the registrations above, and tells Python what
+// the registries hold (activations, instruction sets) and each device's dtypes,
+// so that Python never restates them.
 #include <Python.h>
 
+#include "arguments.h"
 #include "fusedmlp/cpu.h"
+
+static PyObject *activations(PyObject * /*module*/, PyObject * /*unused*/) {
+  PyObject *names = PyTuple_New(FMLP_ACT_COUNT);
+  if (names == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < FMLP_ACT_COUNT; ++i) {
+    PyObject *name = PyUnicode_FromString(fusedmlp::kActivationNames[i]);
+    if (name == nullptr) {
+      Py_DECREF(names);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(names, i, name);
+  }
+  return names;
+}
+
+// ("float32", ...): torch's names of the dtypes.
+static PyObject *dtype_names(const std::vector<at::ScalarType> &dtypes) {
+  PyObject *names = PyTuple_New(static_cast<Py_ssize_t>(dtypes.size()));
+  if (names == nullptr) return nullptr;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    const std::string_view name = c10::getDtypeNames(dtypes[i]).first;
+    PyObject *item = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+    if (item == nullptr) {
+      Py_DECREF(names);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(names, static_cast<Py_ssize_t>(i), item);
+  }
+  return names;
+}
+
+static PyObject *device_dtypes(PyObject * /*module*/, PyObject * /*unused*/) {
+  return Py_BuildValue("{s:N,s:N}", "cpu", dtype_names(fusedmlp::cpu_dtypes()), "cuda",
+                       dtype_names(fusedmlp::cuda_dtypes()));
+}
 
 static PyObject *cpu_isa(PyObject * /*module*/, PyObject * /*unused*/) {
   return PyUnicode_FromString(fmlp_cpu_isa_name(fmlp_cpu_isa_in_use()));
 }
 
+// One (name, compiler flags, CPU features, supported here) tuple per ISA of
+// fusedmlp/cpu_isas.def, in its order; flags and features space-separated.
+static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
+  struct Entry {
+    fmlp_cpu_isa isa;
+    const char *flags, *features;
+  };
+#define FMLP_FEATURE(feature) " " #feature
+#define FMLP_ISA(id, name, flags, features) {FMLP_ISA_##id, flags, "" features},
+  static const Entry entries[] = {
+#include "fusedmlp/cpu_isas.def"
+  };
+  PyObject *result = PyTuple_New(FMLP_ISA_COUNT);
+  if (result == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < FMLP_ISA_COUNT; ++i) {
+    const Entry &e = entries[i];
+    const char *features = e.features[0] == ' ' ? e.features + 1 : e.features;
+    PyObject *entry = Py_BuildValue("(sssO)", fmlp_cpu_isa_name(e.isa), e.flags, features,
+                                    e.isa <= fmlp_cpu_isa_best() ? Py_True : Py_False);
+    if (entry == nullptr) {
+      Py_DECREF(result);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(result, i, entry);
+  }
+  return result;
+}
+
+// " portable avx2 avx512": the registry's names, for the docstring.
+#define FMLP_ISA(id, name, flags, features) " " #name
+static const char kCpuIsaDoc[] =
+    "The instruction set of the CPU kernels now, one of (best last):"
+#include "fusedmlp/cpu_isas.def"
+    "; FUSEDMLP_ISA forces a lower one.";
+
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyMethodDef methods[] = {
-      {"cpu_isa", cpu_isa, METH_NOARGS,
-       "The instruction set of the float CPU kernels now: avx512, avx2 or portable "
-       "(FUSEDMLP_ISA forces a lower one)."},
+      {"activations", activations, METH_NOARGS,
+       "The activation names, in the order of the kernels' enum."},
+      {"device_dtypes", device_dtypes, METH_NOARGS,
+       "{device type: the names of the dtypes its kernels take}."},
+      {"cpu_isa", cpu_isa, METH_NOARGS, kCpuIsaDoc},
+      {"cpu_isas", cpu_isas, METH_NOARGS,
+       "The registered instruction sets, lowest first: (name, compiler flags, CPU features, "
+       "supported by this CPU) each."},
       {nullptr, nullptr, 0, nullptr}};
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fusedmlp kernels", -1, methods};
   return PyModule_Create(&module);

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
-ACTIVATIONS: tuple[str, ...] = ("none", "relu", "gelu", "gelu_tanh", "silu")
+from . import _C
+
+# The kernels' registry (csrc/include/fusedmlp/activations.def), in its order.
+ACTIVATIONS: tuple[str, ...] = _C.activations()
 
 
 def check_activation(name: object) -> str:

@@ -36,7 +36,7 @@ from .bench_cases import (
 )
 from .bench_peak import measure_peak_gflops
 from .bench_report import CaseResult, format_table, write_json, write_plot
-from .ops import _DEVICE_DTYPES
+from .registry import DEVICE_DTYPES
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is available")
-    if DTYPES[args.dtype] not in _DEVICE_DTYPES[args.device]:
-        supported = ", ".join(str(d).removeprefix("torch.") for d in _DEVICE_DTYPES[args.device])
+    if DTYPES[args.dtype] not in DEVICE_DTYPES[args.device]:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in DEVICE_DTYPES[args.device])
         raise SystemExit(f"--dtype {args.dtype}: the fused {args.device} kernels take {supported}")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """The machine's peak fp32 FMA throughput, measured: a tiny C loop of independent FMA chains
-(the physical limit for a CPU GEMM), compiled at bench time for the instruction set the
-kernels use and run on as many threads as torch uses."""
+(the physical limit for a CPU GEMM), compiled at bench time with the flags of the instruction
+set the kernels use (from the kernel registry) and run on as many threads as torch uses."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from fusedmlp.registry import cpu_isas
 
 PEAK_SOURCE = r"""
 #include <immintrin.h>
@@ -72,19 +74,18 @@ int main(int argc, char **argv) {
 }
 """
 
-ISA_FLAGS = {"avx512": ["-mavx512f", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
-
 
 def measure_peak_gflops(isa: str, threads: int) -> float | None:
     """Peak fp32 GFLOP/s on `threads` threads with the ISA's vectors; None where it cannot
     be measured (no C compiler, the portable ISA, not x86)."""
     compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None or isa not in ISA_FLAGS:
+    flags = {entry.name: entry.compile_flags for entry in cpu_isas()}.get(isa)
+    if compiler is None or not flags:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "peak.c", Path(tmp) / "peak"
         source.write_text(PEAK_SOURCE)
-        build = [compiler, "-O2", *ISA_FLAGS[isa], str(source), "-o", str(binary), "-lpthread"]
+        build = [compiler, "-O2", *flags, str(source), "-o", str(binary), "-lpthread"]
         if subprocess.run(build, capture_output=True).returncode != 0:
             return None
         result = subprocess.run([str(binary), str(threads)], capture_output=True, text=True)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .activations import ACTIVATIONS, activation_name
-from .modules import FusedGatedMLP, FusedLinear, FusedMLP, _chain_activation
+from .modules import FusedGatedMLP, FusedLinear, FusedMLP, chain_activation
 
 _FUSED = (FusedLinear, FusedMLP, FusedGatedMLP)
 
@@ -68,7 +68,7 @@ def _whole_module_replacement(module: nn.Module) -> nn.Module | None:
     if type(module) is nn.Linear:
         return FusedLinear.from_linear(module)
     is_sequential = type(module) is nn.Sequential and len(module) >= 3
-    if is_sequential and _chain_activation(list(module)) is not None:
+    if is_sequential and chain_activation(list(module)) is not None:
         return FusedMLP.from_sequential(module)
     return _gated_replacement(module)
 

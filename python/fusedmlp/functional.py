@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from . import ops
+from . import autograd, fake_kernels  # noqa: F401  (register the ops' Python parts)
 from .activations import check_activation
 
 _ops = torch.ops.fusedmlp
@@ -31,7 +31,7 @@ def _without_autograd(op: torch._ops.OpOverload, *args: object) -> Tensor:
         return op(*args)
 
 
-def _check_tensor(name: str, value: object, optional: bool = False) -> None:
+def check_tensor(name: str, value: object, optional: bool = False) -> None:
     if optional and value is None:
         return
     if not isinstance(value, Tensor):
@@ -42,7 +42,7 @@ def _check_tensor(name: str, value: object, optional: bool = False) -> None:
 def _check_tensors(name: str, values: list[object], optional: bool = False) -> None:
     for index, value in enumerate(values):
         if not isinstance(value, Tensor):  # names the culprit only when there is one
-            _check_tensor(f"{name}[{index}]", value, optional)
+            check_tensor(f"{name}[{index}]", value, optional)
 
 
 def linear(
@@ -50,9 +50,9 @@ def linear(
 ) -> Tensor:
     """act(x @ weight.T + bias), like F.linear followed by the activation, in one op."""
     check_activation(activation)
-    _check_tensor("x", x)
-    _check_tensor("weight", weight)
-    _check_tensor("bias", bias, optional=True)
+    check_tensor("x", x)
+    check_tensor("weight", weight)
+    check_tensor("bias", bias, optional=True)
     if _needs_grad(x, weight, bias):
         return _ops.linear_train(x, weight, bias, activation)[0]
     return _without_autograd(_ops.linear.default, x, weight, bias, activation)
@@ -66,7 +66,7 @@ def mlp(
 ) -> Tensor:
     """Linear layers with `activation` after every layer but the last, in one op."""
     check_activation(activation)
-    _check_tensor("x", x)
+    check_tensor("x", x)
     if isinstance(weights, Tensor) or isinstance(biases, Tensor):
         raise TypeError(
             "fusedmlp.mlp: weights and biases must be sequences of Tensors, not a Tensor"
@@ -82,10 +82,10 @@ def mlp(
             "pass one bias (or None) per weight"
         )
     _check_tensors("biases", biases, optional=True)
-    return _run_mlp(x, weights, biases, activation)
+    return run_mlp(x, weights, biases, activation)
 
 
-def _run_mlp(
+def run_mlp(
     x: Tensor, weights: list[Tensor], biases: list[Tensor | None], activation: str
 ) -> Tensor:
     """mlp() for arguments already checked (FusedMLP's own): one bias or None per weight."""
@@ -121,13 +121,13 @@ def gated_mlp(
     """down(act(gate(x)) * up(x)): the GeGLU ("gelu_tanh") / SwiGLU ("silu") block, in one op."""
     check_activation(activation)
     for name, tensor in (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
-        _check_tensor(name, tensor)
+        check_tensor(name, tensor)
     for name, tensor in (("bias_gate", bias_gate), ("bias_up", bias_up), ("bias_down", bias_down)):
-        _check_tensor(name, tensor, optional=True)
+        check_tensor(name, tensor, optional=True)
     args = (x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation)
     if _needs_grad(*args[:-1]):
         return _ops.gated_mlp_train(*args)[0]
     return _without_autograd(_ops.gated_mlp.default, *args)
 
 
-__all__ = ["linear", "mlp", "gated_mlp", "ops"]
+__all__ = ["linear", "mlp", "gated_mlp"]

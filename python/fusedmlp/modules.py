@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from .activations import activation_module, activation_name, check_activation
 from .dtensor_support import is_dtensor
-from .functional import _check_tensor, _run_mlp, gated_mlp, linear
+from .functional import check_tensor, gated_mlp, linear, run_mlp
 
 
 def _registered(module: nn.Module, name: str) -> Any:
@@ -100,7 +100,7 @@ class FusedMLP(nn.Sequential):
     def from_sequential(cls, sequential: nn.Sequential) -> FusedMLP:
         """A FusedMLP sharing the Linear modules of nn.Sequential(Linear, Act, ..., Linear)."""
         modules = list(sequential)
-        activation = _chain_activation(modules)
+        activation = chain_activation(modules)
         if activation is None:
             raise ValueError(
                 "from_sequential expects nn.Sequential(nn.Linear, Act, nn.Linear, ..., nn.Linear) "
@@ -119,7 +119,7 @@ class FusedMLP(nn.Sequential):
         layers = self.linears()
         weights = [_registered(layer, "weight") for layer in layers]
         biases = [_registered(layer, "bias") for layer in layers]
-        _check_tensor("x", x)  # the rest are this module's own Linear parameters
+        check_tensor("x", x)  # the rest are this module's own Linear parameters
         if is_dtensor(weights[0]) or is_dtensor(weights[-1]):  # a plan covers an end
             from . import tensor_parallel
 
@@ -127,12 +127,12 @@ class FusedMLP(nn.Sequential):
             names = [name for name, m in self.named_children() if isinstance(m, nn.Linear)]
             return tensor_parallel.run_block(
                 self, names, tensor_parallel.MLP_PLAN, x,
-                lambda x: _run_mlp(x, weights, biases, self.activation),
+                lambda x: run_mlp(x, weights, biases, self.activation),
             )
-        return _run_mlp(x, weights, biases, self.activation)
+        return run_mlp(x, weights, biases, self.activation)
 
 
-def _chain_activation(modules: list[nn.Module]) -> str | None:
+def chain_activation(modules: list[nn.Module]) -> str | None:
     """The activation of a Linear, Act, Linear, ..., Linear chain with consistent sizes, or None."""
     if len(modules) % 2 == 0 or any(type(m) is not nn.Linear for m in modules[::2]):
         return None

@@ -23,7 +23,7 @@ weight in an mlp of more than two layers (gathering every weight on every call w
 the parallelism silently). The `*_train` twins follow their op; their `saved` buffer is
 opaque: each rank's holds what its own backward reads.
 
-The backward ops never see a DTensor: the autograd formulas (ops.py) hand them the local
+The backward ops never see a DTensor: the autograd formulas (autograd.py) hand them the local
 shards, through `backward_on_shards`, and place each gradient like its input (a replicated
 input of a split strategy gets a partial-sum gradient, a partial bias a replicated one).
 `activation_backward` and `gated_backward` are pointwise and carry rules of their own;

@@ -1,5 +1,6 @@
 /* CPU kernels: C11, single precision (float) and double precision (double).
- * Callers convert other storage types (bfloat16) before calling.
+ * Callers convert other storage types (bfloat16) before calling. Which
+ * (dtype, instruction set) kernels exist: fusedmlp/cpu_isas.def.
  */
 #ifndef FUSEDMLP_CPU_H
 #define FUSEDMLP_CPU_H
@@ -10,22 +11,25 @@
 extern "C" {
 #endif
 
-/* Instruction sets the float kernels are built for, one translation unit
- * each. Double precision always runs the portable kernels. */
+/* Instruction sets the kernels are built for, FMLP_ISA_<ID> in the order of
+ * the registry fusedmlp/cpu_isas.def (PORTABLE = 0: plain C11, any CPU). */
 typedef enum {
-  FMLP_ISA_PORTABLE = 0, /* plain C11, any x86-64 (or other) CPU */
-  FMLP_ISA_AVX2 = 1,     /* AVX2 + FMA */
-  FMLP_ISA_AVX512 = 2,   /* AVX-512 F/DQ/BW/VL */
-  FMLP_ISA_COUNT = 3
+#define FMLP_ISA(id, name, flags, features) FMLP_ISA_##id,
+#include "fusedmlp/cpu_isas.def"
+  FMLP_ISA_COUNT
 } fmlp_cpu_isa;
 
-/* The instruction set the kernels use on this CPU: the best one it supports,
- * or the one the environment variable FUSEDMLP_ISA (avx512|avx2|portable)
- * asks for, lowered to the best supported one if the CPU lacks it. Computed
- * on each call (CPUID is cached by libgcc; getenv is cheap), so no state. */
+/* The best instruction set this CPU supports (CPUID), whatever FUSEDMLP_ISA says. */
+fmlp_cpu_isa fmlp_cpu_isa_best(void);
+
+/* The instruction set the kernels use on this CPU: fmlp_cpu_isa_best(), or
+ * the one the environment variable FUSEDMLP_ISA names (see
+ * fmlp_cpu_isa_name), lowered to the best supported one if the CPU lacks it.
+ * Computed on each call (CPUID is cached by libgcc; getenv is cheap), so no
+ * state. Each dtype runs its best kernel unit at or below this one. */
 fmlp_cpu_isa fmlp_cpu_isa_in_use(void);
 
-/* "portable", "avx2" or "avx512". */
+/* The registry's name of an instruction set: "portable", "avx2", "avx512". */
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa);
 
 /* Runs fn over the task range [0, n_tasks), split into chunks that may run

@@ -12,13 +12,11 @@
 extern "C" {
 #endif
 
+/* FMLP_ACT_<ID> for each activation of the registry fusedmlp/activations.def. */
 typedef enum {
-  FMLP_ACT_NONE = 0,
-  FMLP_ACT_RELU = 1,
-  FMLP_ACT_GELU = 2,      /* exact, erf based: nn.GELU() */
-  FMLP_ACT_GELU_TANH = 3, /* nn.GELU(approximate="tanh") */
-  FMLP_ACT_SILU = 4,
-  FMLP_ACT_COUNT = 5
+#define FMLP_ACTIVATION(id, name, cublaslt) FMLP_ACT_##id,
+#include "fusedmlp/activations.def"
+  FMLP_ACT_COUNT
 } fmlp_activation;
 
 /* Storage type of a tensor. float32 and bfloat16 compute in float,
@@ -41,13 +39,6 @@ typedef enum {
 
 /* A human-readable name for a status, for error messages. */
 const char *fmlp_status_string(fmlp_status status);
-
-/* A strided 2-D view: element (r, c) lives at data[r * row_stride + c * col_stride]. */
-typedef struct {
-  void *data;
-  int64_t rows, cols;
-  int64_t row_stride, col_stride;
-} fmlp_matrix;
 
 #ifdef __cplusplus
 }

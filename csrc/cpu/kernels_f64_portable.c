@@ -1,8 +1,11 @@
 /* The CPU kernels in double precision: portable C on every CPU (the SIMD
  * kernels are float only). */
-#define REAL double
+#define REAL double /* storage and accumulator */
 #define REAL_SUFFIX f64_portable
+#define GEMM_MR 4
+#define GEMM_NR ((int64_t)8) /* one cache line */
 #include "precision_kernels.h"
 #include "real_template.h"
+#include "microkernel_portable.h" /* the micro-kernel, packing and block loops' shape */
 #include "drivers.h"
 #include "backward.h"

@@ -1,8 +1,11 @@
 /* The CPU kernels in single precision, portable C (any CPU; built without
  * -mavx flags). */
-#define REAL float
+#define REAL float /* storage and accumulator */
 #define REAL_SUFFIX f32_portable
+#define GEMM_MR 4
+#define GEMM_NR ((int64_t)16) /* one cache line */
 #include "precision_kernels.h"
 #include "real_template.h"
+#include "microkernel_portable.h" /* the micro-kernel, packing and block loops' shape */
 #include "drivers.h"
 #include "backward.h"

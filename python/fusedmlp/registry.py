@@ -1,0 +1,34 @@
+"""What the kernels take, as the built extension reports it: the CPU instruction sets of the
+registry csrc/include/fusedmlp/cpu_isas.def and the dtypes of each device's kernels, which the
+fake kernels, the C test build, the tests and the bench read instead of restating them. (The
+activation names are fusedmlp.ACTIVATIONS.)"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import _C
+
+# The dtypes each device's kernels take (from the torch layer); other devices
+# (meta) take any floating dtype.
+DEVICE_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    device: tuple(getattr(torch, name) for name in names)
+    for device, names in _C.device_dtypes().items()
+}
+
+
+class CpuIsa(NamedTuple):
+    name: str  # as FUSEDMLP_ISA and _C.cpu_isa() spell it
+    compile_flags: tuple[str, ...]  # what its kernel units are built with
+    cpu_features: tuple[str, ...]  # what CPUID must report for it
+    supported: bool  # by this CPU
+
+
+def cpu_isas() -> tuple[CpuIsa, ...]:
+    """Every registered instruction set, lowest first."""
+    return tuple(
+        CpuIsa(name, tuple(flags.split()), tuple(features.split()), supported)
+        for name, flags, features, supported in _C.cpu_isas()
+    )

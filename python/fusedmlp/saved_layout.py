@@ -1,0 +1,41 @@
+"""Where the training ops put what the backward needs: the layout of a chain's flat `saved`
+buffer, as the C++ layer writes it (csrc/torch/arguments.cpp, saved_chain_layout)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class ChainLayer:
+    """Where one layer's saved tensors sit in a chain's flat `saved` buffer."""
+
+    activation: str
+    pre_offset: int | None
+    hidden_offset: int | None
+    width: int
+
+
+def chain_layout(
+    rows: int, widths: list[int], hidden: str, final: str
+) -> tuple[list[ChainLayer], int]:
+    """Mirrors the C++ layout: per layer its pre-activation (when its activation is
+    not "none"), then its output (every layer but the last)."""
+    layers, total = [], 0
+    for index, width in enumerate(widths[1:]):
+        last = index == len(widths) - 2
+        activation = final if last else hidden
+        pre_offset = None if activation == "none" else total
+        total += 0 if pre_offset is None else rows * width
+        hidden_offset = None if last else total
+        total += 0 if last else rows * width
+        layers.append(ChainLayer(activation, pre_offset, hidden_offset, width))
+    return layers, total
+
+
+def leading_rows(x: Tensor) -> int:
+    """The rows of x viewed as (rows, features)."""
+    return math.prod(x.shape[:-1])
