@@ -2,7 +2,6 @@
 // current stream, and torch's own cuBLAS and cuBLASLt handles with the Lt workspace
 // it keeps per handle and stream (no allocation per call). Multi-layer ops run one
 // fused GEMM per layer, each labelled for the profiler.
-#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -42,13 +41,18 @@ fmlp_cuda_plan_cache *plan_cache() {
   return cache;
 }
 
-// float32 GEMMs may use TF32 exactly when torch's own would: read through the
-// fp32-precision API that CUDABlas.cpp reads (allowTF32CuBLAS() raises once the legacy
-// and the new settings have both been used).
-bool allow_tf32() {
-  return !at::NoTF32Guard::should_disable_tf32() &&
-         at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
-             at::Float32Precision::TF32;
+// float32 GEMMs may use TF32 exactly when torch's own do. torch decides it from its
+// fp32-precision setting each time it hands out its cuBLAS handle (CublasHandlePool.cpp
+// sets CUBLAS_TF32_TENSOR_OP_MATH or CUBLAS_DEFAULT_MATH), so the handle's math mode is
+// its answer, in every torch version, without allowTF32CuBLAS(), which raises once the
+// legacy and the new precision settings have both been used.
+bool allow_tf32(cublasHandle_t torch_handle) {
+  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+  TORCH_CHECK(cublasGetMathMode(torch_handle, &mode) == CUBLAS_STATUS_SUCCESS,
+              "fusedmlp: cublasGetMathMode failed on torch's cuBLAS handle");
+  const int without_flags = static_cast<int>(mode) &
+                            ~static_cast<int>(CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+  return without_flags == static_cast<int>(CUBLAS_TF32_TENSOR_OP_MATH);
 }
 
 // Everything one op call needs for its GEMMs, all of it torch's: handles bound to the
@@ -62,7 +66,7 @@ fmlp_cuda_env gemm_env(const at::Tensor &like) {
           at::cuda::getCUDABlasLtWorkspace(),
           static_cast<int64_t>(at::cuda::getCUDABlasLtWorkspaceSize()),
           plan_cache(),
-          allow_tf32() ? 1 : 0};
+          allow_tf32(blas_handle) ? 1 : 0};
 }
 
 // A single row's stride is arbitrary; cuBLASLt still wants one >= the row length.
