@@ -128,14 +128,19 @@ extern "C" fmlp_status fmlp_cuda_linear(const fmlp_cuda_env *env,
     case FMLP_CUDA_ROUTE_FILL:
       return fmlp_cuda_fill_rows(args->dtype, args->m, args->n, args->bias, args->activation,
                                  args->y, args->y_row_stride, args->pre, env->stream);
-    case FMLP_CUDA_ROUTE_LT_EPILOGUE:
-    case FMLP_CUDA_ROUTE_LT_THEN_ACTIVATION: {
-      const fmlp_status status = route == FMLP_CUDA_ROUTE_LT_EPILOGUE
-                                     ? fmlp_cuda_lt_matmul(env, args)
-                                     : lt_then_activation(env, args);
-      // The heuristic has no algorithm (remembered by the plan cache): a single GEMM
-      // takes the classic route; a batched one is left to the caller.
+    // When the heuristic has no algorithm (remembered by the plan cache), a single GEMM
+    // falls back a route: the fused epilogue to the bias epilogue plus our activation (an
+    // aux buffer, say, that its algorithms cannot take), that to the classic GEMM. A
+    // batched one is left to the caller.
+    case FMLP_CUDA_ROUTE_LT_EPILOGUE: {
+      const fmlp_status status = fmlp_cuda_lt_matmul(env, args);
       if (status != FMLP_ERR_UNSUPPORTED || args->batch != 1) return status;
+      fmlp_cuda_clear_error();
+    }
+      [[fallthrough]];
+    case FMLP_CUDA_ROUTE_LT_THEN_ACTIVATION: {
+      const fmlp_status status = lt_then_activation(env, args);
+      if (status != FMLP_ERR_UNSUPPORTED) return status;
       fmlp_cuda_clear_error();
       return gemm_then_activation(env, args, problem);
     }

@@ -64,8 +64,9 @@ int fmlp_cuda_epilogue_for(fmlp_activation activation, int has_bias, int saves_p
                            fmlp_cuda_epilogue *epilogue);
 
 /* Which engine runs the problem (see fmlp_cuda_route). When a cuBLASLt route's
- * heuristic later finds no algorithm, a single (batch 1) problem falls back to
- * GEMM_THEN_ACTIVATION; a batched one is refused with FMLP_ERR_UNSUPPORTED. */
+ * heuristic later finds no algorithm, a single (batch 1) problem falls back one route at
+ * a time (LT_EPILOGUE, LT_THEN_ACTIVATION, GEMM_THEN_ACTIVATION); a batched one is
+ * refused with FMLP_ERR_UNSUPPORTED. */
 fmlp_cuda_route fmlp_cuda_route_for(const fmlp_cuda_problem *problem);
 
 /* Sizes and strides the engines cannot take, checked before anything runs: n, k and every
