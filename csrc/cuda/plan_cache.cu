@@ -253,8 +253,11 @@ fmlp_status choose(const fmlp_cuda_env *env, const PlanKey &key, const Descripto
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       env->handle, d.op, d.w, d.x, d.y, d.y, preference, 1, &result, &found);
-  // NOT_SUPPORTED: "no heuristic function available for current configuration".
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found < 1)) {
+  // NOT_SUPPORTED: "no heuristic function available for current configuration";
+  // INVALID_VALUE: what PyTorch saw for shapes its Lt path now avoids (Blas.cpp), as our
+  // routing does. Either way the caller's fallback computes the same result.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE ||
+      (status == CUBLAS_STATUS_SUCCESS && found < 1)) {
     plan->found = false;
     return FMLP_OK;
   }
