@@ -74,9 +74,13 @@ int64_t row_stride(const at::Tensor &t) {
   return t.size(0) <= 1 ? std::max<int64_t>(1, t.size(1)) : t.stride(0);
 }
 
-// cuBLASLt takes rows with unit column stride and a row stride >= the row length.
+// cuBLAS takes rows with unit column stride and a row stride >= the row length; its
+// classic GEMM (size-1 and huge dimensions) takes strides that fit an int: others are
+// copied, so that only a row length beyond it is refused (FMLP_CUDA_GEMM_MAX_DIM).
 at::Tensor gemm_operand(const at::Tensor &t) {
-  const bool usable = t.stride(1) == 1 && row_stride(t) >= std::max<int64_t>(1, t.size(1));
+  const int64_t stride = row_stride(t);
+  const bool usable = t.stride(1) == 1 && stride >= std::max<int64_t>(1, t.size(1)) &&
+                      stride <= FMLP_CUDA_GEMM_MAX_DIM;
   return usable ? t : t.contiguous();
 }
 
