@@ -5,6 +5,7 @@ AddressSanitizer and UBSan on any machine."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -33,3 +34,18 @@ def test_cuda_routing_decisions(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "test_cuda_routing: 0 failed checks"
     assert "runtime error" not in result.stderr
+
+
+def test_no_switch_in_the_cuda_sources_has_a_default() -> None:
+    """Every switch in csrc/cuda lists its cases: an activation (or dtype, route, epilogue)
+    added to an enum then fails to build there (-Wswitch, and internal.h's static_assert on
+    FMLP_ACT_COUNT for the device code) instead of silently taking a default branch."""
+    sources = sorted((ROOT / "csrc" / "cuda").glob("*"))
+    assert sources
+    offenders = [
+        f"{path.name}:{number}"
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.match(r"\s*default\s*:", line)
+    ]
+    assert offenders == []
