@@ -70,8 +70,8 @@ def want_cuda() -> bool:
     return possible
 
 
-def cublaslt_location() -> tuple[str, str, str]:
-    """(include dir, library dir, library file) of cuBLASLt: the toolkit's, or
+def cublaslt_location() -> tuple[str, str, list[str]]:
+    """(include dir, library dir, library files) of cuBLASLt and cuBLAS: the toolkit's, or
     the nvidia-cublas wheel torch depends on."""
     roots = [Path(CUDA_HOME)] if CUDA_HOME else []
     for packages in site.getsitepackages() + [site.getusersitepackages()]:
@@ -79,10 +79,14 @@ def cublaslt_location() -> tuple[str, str, str]:
     for root in roots:
         headers = root / "include" / "cublasLt.h"
         for lib_dir in (root / "lib64", root / "lib", root / "targets" / "x86_64-linux" / "lib"):
-            libs = sorted(glob.glob(str(lib_dir / "libcublasLt.so*")))
-            if headers.exists() and libs:
-                return str(headers.parent), str(lib_dir), Path(libs[0]).name
-    sys.exit("fusedmlp: CUDA build requested but cuBLASLt (cublasLt.h, libcublasLt.so) not found")
+            lt = sorted(glob.glob(str(lib_dir / "libcublasLt.so*")))
+            blas = sorted(glob.glob(str(lib_dir / "libcublas.so*")))
+            if headers.exists() and lt and blas:
+                return str(headers.parent), str(lib_dir), [Path(lt[0]).name, Path(blas[0]).name]
+    sys.exit(
+        "fusedmlp: CUDA build requested but cuBLASLt and cuBLAS (cublasLt.h, libcublasLt.so, "
+        "libcublas.so) not found"
+    )
 
 
 def cpu_isa_registry() -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -99,8 +103,8 @@ def cpu_isa_registry() -> tuple[dict[str, list[str]], dict[str, str]]:
 # The kernel units of each instruction set are built into their own static
 # library with that ISA's flags; everything else (API, ISA choice, the
 # portable units) is built for any x86-64 CPU. The API picks an ISA at run
-# time from CPUID.
-def cpu_kernel_libraries() -> list[tuple[str, dict]]:
+# time from CPUID. The CUDA path's plain-C decisions make one more library.
+def kernel_libraries() -> list[tuple[str, dict]]:
     cpu_dir = ROOT / "csrc" / "cpu"
     isa_flags, unit_isas = cpu_isa_registry()
     isa_sources = {source: isa for source, isa in unit_isas.items() if isa_flags[isa]}
@@ -133,13 +137,25 @@ def cpu_kernel_libraries() -> list[tuple[str, dict]]:
                     {**common, "sources": sources, "cflags": flags + extra_flags},
                 )
             )
+    # The CUDA path's decisions (csrc/cuda/routing.c) are plain C: built here with the
+    # same flags, linked by the CUDA build, and compiled by tests/c on any machine.
+    libraries.append(
+        (
+            "fusedmlp_cuda_routing",
+            {**common, "sources": ["csrc/cuda/routing.c"], "cflags": flags},
+        )
+    )
     return libraries
 
 
 def kernel_files() -> list[str]:
     """The C kernels' sources and headers: the extension relinks when they change, since
     build_ext does not look at the static libraries themselves."""
-    paths = [*(ROOT / "csrc" / "cpu").glob("*"), *(ROOT / "csrc" / "include").rglob("*")]
+    paths = [
+        *(ROOT / "csrc" / "cpu").glob("*"),
+        *(ROOT / "csrc" / "include").rglob("*"),
+        ROOT / "csrc" / "cuda" / "routing.c",
+    ]
     return sorted(str(p.relative_to(ROOT)) for p in paths if p.suffix in (".c", ".h", ".def"))
 
 
@@ -163,7 +179,7 @@ def extension():
             extra_link_args=["-fopenmp"],
             depends=kernel_files(),
         )
-    include_dir, lib_dir, lib_file = cublaslt_location()
+    include_dir, lib_dir, lib_files = cublaslt_location()
     print(f"fusedmlp: CUDA build for {os.environ['TORCH_CUDA_ARCH_LIST']}, cuBLASLt {lib_dir}")
     cuda_sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
     return CUDAExtension(
@@ -172,7 +188,7 @@ def extension():
         include_dirs=[str(ROOT / "csrc" / "include"), include_dir],
         library_dirs=[lib_dir],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", f"-I{include_dir}"]},
-        extra_link_args=[f"-l:{lib_file}", "-fopenmp"],
+        extra_link_args=[*(f"-l:{name}" for name in lib_files), "-fopenmp"],
         depends=kernel_files(),
     )
 
@@ -186,7 +202,7 @@ class BuildWithKernels(BuildExtension):
 
 
 setup(
-    libraries=cpu_kernel_libraries(),
+    libraries=kernel_libraries(),
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildWithKernels},
 )

@@ -297,3 +297,23 @@ def test_autocast_cuda_and_cuda_graphs(generator):
     with torch.no_grad():
         for _ in range(3):
             torch.testing.assert_close(compiled(x), fused(x))
+
+
+@requires_cuda
+def test_cuda_float32_after_mixed_precision_settings(generator):
+    """TF32 on through the new fp32_precision API while the legacy matmul precision says
+    "highest": torch's allowTF32CuBLAS() raises in that mixed state; fusedmlp reads torch's
+    own decision and runs like F.linear (TF32, so a TF32 tolerance)."""
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip("this torch has no fp32_precision API")
+    weight = torch.randn(32, 64, generator=generator).cuda() / 8
+    x = torch.randn(16, 64, generator=generator).cuda()
+    before = torch.backends.cuda.matmul.fp32_precision, torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        got = fusedmlp.linear(x, weight, None, "relu")
+        torch.testing.assert_close(got, F.relu(F.linear(x, weight)), rtol=5e-3, atol=5e-3)
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before[0]
+        torch.set_float32_matmul_precision(before[1])

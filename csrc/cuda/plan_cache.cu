@@ -1,80 +1,208 @@
-// cuBLASLt matmul plans, cached by everything the heuristic depends on, and
-// the matmul call that uses them. The cache is bounded; a full cache replaces
-// its entries round-robin. One mutex guards lookup and launch, because the
-// bias pointer is set on the shared descriptor for each call.
-#include <pthread.h>
-#include <stdlib.h>
+// cuBLASLt matmuls with a fused epilogue, and the cache of the algorithms its heuristic
+// chose. The descriptors are built for each call on the stack (cublasLt*Init, no
+// allocation) with every attribute the heuristic reads, pointers included (it judges
+// the bias and aux alignment from them), so the cache holds algorithms only and its lock
+// covers a lookup or an insert, never a heuristic query or a launch.
+#include <stdio.h>
 #include <string.h>
+
+#include <list>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <utility>
 
 #include "internal.h"
 
 namespace {
 
-constexpr int kPlanCapacity = 64;
+constexpr size_t kPlanCapacity = 1024;
 
+// Everything the heuristic's choice depends on. Compared and hashed as bytes: built
+// from a zeroed struct so that padding is zero too.
 struct PlanKey {
-  int device, dtype, epilogue, has_bias, allow_tf32;
+  int32_t device, dtype, epilogue, compute;
   int64_t m, n, k, batch;
-  int64_t x_row_stride, w_row_stride, y_row_stride;
+  int64_t x_row_stride, w_row_stride, y_row_stride, aux_ld;
   int64_t w_batch_stride, bias_batch_stride, y_batch_stride;
-  int align_x, align_w, align_y, align_bias;
+  int64_t workspace_bytes;
+  uint32_t align_x, align_w, align_y, align_bias, align_aux, unused;
 };
 
+struct KeyHash {
+  size_t operator()(const PlanKey &key) const {
+    const unsigned char *bytes = reinterpret_cast<const unsigned char *>(&key);
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (size_t i = 0; i < sizeof(key); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+    return static_cast<size_t>(hash);
+  }
+};
+
+struct KeyEqual {
+  bool operator()(const PlanKey &a, const PlanKey &b) const {
+    return memcmp(&a, &b, sizeof(a)) == 0;
+  }
+};
+
+// found == false remembers that the heuristic had no algorithm for the key, so the
+// caller's fallback runs at once on later calls instead of asking again.
 struct Plan {
-  PlanKey key;
-  cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t w_layout, x_layout, y_layout;
+  bool found;
   cublasLtMatmulAlgo_t algo;
-  bool in_use;
 };
 
 }  // namespace
 
 struct fmlp_cuda_plan_cache {
-  pthread_mutex_t lock;
-  Plan plans[kPlanCapacity];
-  int next_victim;
+  std::mutex lock;
+  std::list<PlanKey> recency;  // most recently used first
+  std::unordered_map<PlanKey, std::pair<Plan, std::list<PlanKey>::iterator>, KeyHash, KeyEqual>
+      plans;
+
+  bool find(const PlanKey &key, Plan *plan) {
+    const std::lock_guard<std::mutex> guard(lock);
+    const auto entry = plans.find(key);
+    if (entry == plans.end()) return false;
+    recency.splice(recency.begin(), recency, entry->second.second);
+    *plan = entry->second.first;
+    return true;
+  }
+
+  // Only plans the heuristic answered are inserted: a failed query evicts nothing. Out
+  // of host memory the plan is simply not remembered.
+  void insert(const PlanKey &key, const Plan &plan) noexcept {
+    const std::lock_guard<std::mutex> guard(lock);
+    if (plans.count(key) != 0) return;  // another thread asked first
+    try {
+      recency.push_front(key);
+      try {
+        plans.emplace(key, std::make_pair(plan, recency.begin()));
+      } catch (const std::bad_alloc &) {
+        recency.pop_front();
+        return;
+      }
+    } catch (const std::bad_alloc &) {
+      return;
+    }
+    if (plans.size() > kPlanCapacity) {
+      plans.erase(recency.back());
+      recency.pop_back();
+    }
+  }
 };
 
 namespace {
 
-#define FMLP_LT_CHECK(call)                                   \
-  do {                                                        \
-    if ((call) != CUBLAS_STATUS_SUCCESS) return FMLP_ERR_BACKEND; \
+fmlp_status lt_failure(const char *call, cublasStatus_t status, const fmlp_cuda_problem &problem,
+                       fmlp_cuda_epilogue epilogue) {
+  char text[128];
+  snprintf(text, sizeof(text), "%s (%d), epilogue %d", cublasLtGetStatusName(status),
+           static_cast<int>(status), static_cast<int>(epilogue));
+  fmlp_cuda_record_failure(call, text, &problem);
+  return FMLP_ERR_BACKEND;
+}
+
+#define FMLP_LT_CHECK(name, call)                                               \
+  do {                                                                          \
+    const cublasStatus_t lt_status = (call);                                    \
+    if (lt_status != CUBLAS_STATUS_SUCCESS) {                                   \
+      return lt_failure(name, lt_status, problem, epilogue);                    \
+    }                                                                           \
   } while (0)
 
-int alignment_of(const void *pointer) {
-  const uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  for (int bytes = 16; bytes > 1; bytes /= 2) {
-    if (address % bytes == 0) return bytes;
+cublasLtEpilogue_t lt_epilogue(fmlp_cuda_epilogue epilogue) {
+  switch (epilogue) {
+    case FMLP_CUDA_EPILOGUE_DEFAULT: return CUBLASLT_EPILOGUE_DEFAULT;
+    case FMLP_CUDA_EPILOGUE_BIAS: return CUBLASLT_EPILOGUE_BIAS;
+    case FMLP_CUDA_EPILOGUE_GELU: return CUBLASLT_EPILOGUE_GELU;
+    case FMLP_CUDA_EPILOGUE_GELU_BIAS: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case FMLP_CUDA_EPILOGUE_GELU_AUX: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case FMLP_CUDA_EPILOGUE_GELU_AUX_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   }
-  return 1;
+  return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-cudaDataType_t cuda_type(fmlp_dtype dtype) {
-  switch (dtype) {
-    case FMLP_BF16: return CUDA_R_16BF;
-    case FMLP_F16: return CUDA_R_16F;
-    default: return CUDA_R_32F;
-  }
+// Row-major y[m, n] = x[m, k] @ w[n, k].T is, column-major,
+// y.T[n, m] = op_T(w as a k x n matrix) @ (x as a k x m matrix).
+struct Descriptors {
+  cublasLtMatmulDescOpaque_t op_storage;
+  cublasLtMatrixLayoutOpaque_t w_storage, x_storage, y_storage;
+  cublasLtMatmulDesc_t op = &op_storage;
+  cublasLtMatrixLayout_t w = &w_storage, x = &x_storage, y = &y_storage;
+};
+
+fmlp_status set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride,
+                      const fmlp_cuda_problem &problem, fmlp_cuda_epilogue epilogue) {
+  if (batch == 1) return FMLP_OK;
+  const int32_t count = static_cast<int32_t>(batch);
+  FMLP_LT_CHECK("cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)",
+                cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                 &count, sizeof(count)));
+  FMLP_LT_CHECK("cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)",
+                cublasLtMatrixLayoutSetAttribute(
+                    layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                    sizeof(stride)));
+  return FMLP_OK;
 }
 
-cublasLtEpilogue_t epilogue_for(fmlp_activation activation, bool has_bias) {
-  switch (activation) {
-    case FMLP_ACT_RELU: return has_bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
-    case FMLP_ACT_GELU_TANH: return has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
-    default: return has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+fmlp_status describe(const fmlp_cuda_linear_args *a, cublasComputeType_t compute,
+                     const fmlp_cuda_problem &problem, fmlp_cuda_epilogue epilogue,
+                     Descriptors *d) {
+  const cudaDataType_t type = fmlp_cuda_data_type(a->dtype);
+  FMLP_LT_CHECK("cublasLtMatmulDescInit", cublasLtMatmulDescInit(d->op, compute, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
+  FMLP_LT_CHECK("cublasLtMatmulDescSetAttribute(TRANSA)",
+                cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                               sizeof(transpose)));
+  FMLP_LT_CHECK("cublasLtMatmulDescSetAttribute(TRANSB)",
+                cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose,
+                                               sizeof(no_transpose)));
+  const cublasLtEpilogue_t lt = lt_epilogue(epilogue);
+  FMLP_LT_CHECK("cublasLtMatmulDescSetAttribute(EPILOGUE)",
+                cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt,
+                                               sizeof(lt)));
+  if (a->bias != nullptr) {
+    FMLP_LT_CHECK("cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
+                  cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                 &a->bias, sizeof(a->bias)));
+    if (a->batch > 1) {
+      FMLP_LT_CHECK("cublasLtMatmulDescSetAttribute(BIAS_BATCH_STRIDE)",
+                    cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                                   &a->bias_batch_stride,
+                                                   sizeof(a->bias_batch_stride)));
+    }
   }
+  if (a->pre != nullptr) {  // GELU_AUX(_BIAS): the pre-activation, row-major m x n
+    const int64_t aux_ld = a->n;
+    FMLP_LT_CHECK("cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)",
+                  cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                 &a->pre, sizeof(a->pre)));
+    FMLP_LT_CHECK("cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)",
+                  cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                 &aux_ld, sizeof(aux_ld)));
+  }
+  FMLP_LT_CHECK("cublasLtMatrixLayoutInit(w)",
+                cublasLtMatrixLayoutInit(d->w, type, a->k, a->n, a->w_row_stride));
+  FMLP_LT_CHECK("cublasLtMatrixLayoutInit(x)",
+                cublasLtMatrixLayoutInit(d->x, type, a->k, a->m, a->x_row_stride));
+  FMLP_LT_CHECK("cublasLtMatrixLayoutInit(y)",
+                cublasLtMatrixLayoutInit(d->y, type, a->n, a->m, a->y_row_stride));
+  fmlp_status status = set_batch(d->w, a->batch, a->w_batch_stride, problem, epilogue);
+  if (status == FMLP_OK) status = set_batch(d->x, a->batch, 0, problem, epilogue);
+  if (status == FMLP_OK) status = set_batch(d->y, a->batch, a->y_batch_stride, problem, epilogue);
+  return status;
 }
 
-PlanKey key_for(const fmlp_cuda_env *env, const fmlp_cuda_linear_args *a) {
+PlanKey key_for(const fmlp_cuda_env *env, const fmlp_cuda_linear_args *a,
+                cublasComputeType_t compute, fmlp_cuda_epilogue epilogue) {
   PlanKey key;
-  memset(&key, 0, sizeof(key));  // padding too: keys are compared with memcmp
+  memset(&key, 0, sizeof(key));
+  const int64_t size = fmlp_cuda_element_size(a->dtype);
+  const bool batched = a->batch > 1;
   key.device = env->device;
   key.dtype = a->dtype;
-  key.has_bias = a->bias != nullptr;
-  key.epilogue = epilogue_for(a->activation, key.has_bias);
-  key.allow_tf32 = a->dtype == FMLP_F32 && env->allow_tf32;
+  key.epilogue = epilogue;
+  key.compute = compute;
   key.m = a->m;
   key.n = a->n;
   key.k = a->k;
@@ -82,166 +210,110 @@ PlanKey key_for(const fmlp_cuda_env *env, const fmlp_cuda_linear_args *a) {
   key.x_row_stride = a->x_row_stride;
   key.w_row_stride = a->w_row_stride;
   key.y_row_stride = a->y_row_stride;
-  key.w_batch_stride = a->w_batch_stride;
-  key.bias_batch_stride = a->bias_batch_stride;
-  key.y_batch_stride = a->y_batch_stride;
-  key.align_x = alignment_of(a->x);
-  key.align_w = alignment_of(a->w);
-  key.align_y = alignment_of(a->y);
-  key.align_bias = key.has_bias ? alignment_of(a->bias) : 0;
+  key.aux_ld = a->pre != nullptr ? a->n : 0;
+  key.w_batch_stride = batched ? a->w_batch_stride : 0;
+  key.bias_batch_stride = batched ? a->bias_batch_stride : 0;
+  key.y_batch_stride = batched ? a->y_batch_stride : 0;
+  key.workspace_bytes = env->workspace_bytes;
+  key.align_x = fmlp_cuda_alignment(reinterpret_cast<uintptr_t>(a->x), 0);
+  key.align_w = fmlp_cuda_alignment(reinterpret_cast<uintptr_t>(a->w), key.w_batch_stride * size);
+  key.align_y = fmlp_cuda_alignment(reinterpret_cast<uintptr_t>(a->y), key.y_batch_stride * size);
+  key.align_bias = a->bias == nullptr ? 0
+                                      : fmlp_cuda_alignment(reinterpret_cast<uintptr_t>(a->bias),
+                                                            key.bias_batch_stride * size);
+  key.align_aux = a->pre == nullptr ? 0 : fmlp_cuda_alignment(reinterpret_cast<uintptr_t>(a->pre), 0);
   return key;
 }
 
-void release_plan(Plan *plan) {
-  if (!plan->in_use) return;
-  cublasLtMatrixLayoutDestroy(plan->y_layout);
-  cublasLtMatrixLayoutDestroy(plan->x_layout);
-  cublasLtMatrixLayoutDestroy(plan->w_layout);
-  cublasLtMatmulDescDestroy(plan->op);
-  plan->in_use = false;
-}
-
-fmlp_status set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
-  if (batch == 1) return FMLP_OK;
-  const int32_t count = (int32_t)batch;
-  FMLP_LT_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                 &count, sizeof(count)));
-  FMLP_LT_CHECK(cublasLtMatrixLayoutSetAttribute(
-      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
-  return FMLP_OK;
-}
-
-// Row-major y[m, n] = x[m, k] @ w[n, k].T is, column-major,
-// y.T[n, m] = op_T(w as a k x n matrix) @ (x as a k x m matrix).
-fmlp_status describe(const fmlp_cuda_env *env, const fmlp_cuda_linear_args *a, const PlanKey &key,
-                     Plan *plan) {
-  const cudaDataType_t type = cuda_type(a->dtype);
-  const cublasComputeType_t compute =
-      key.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  FMLP_LT_CHECK(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F));
-  plan->in_use = true;  // from here release_plan frees what was created
-  plan->w_layout = plan->x_layout = plan->y_layout = nullptr;
-  const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
-  FMLP_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                               sizeof(transpose)));
-  FMLP_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
-                                               &no_transpose, sizeof(no_transpose)));
-  const cublasLtEpilogue_t epilogue = (cublasLtEpilogue_t)key.epilogue;
-  FMLP_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                               sizeof(epilogue)));
-  if (key.has_bias && a->batch > 1) {
-    FMLP_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
-                                                 &a->bias_batch_stride,
-                                                 sizeof(a->bias_batch_stride)));
+// Asks the heuristic for the best algorithm; plan->found == false when it has none.
+fmlp_status choose(const fmlp_cuda_env *env, const PlanKey &key, const Descriptors &d,
+                   const fmlp_cuda_problem &problem, fmlp_cuda_epilogue epilogue, Plan *plan) {
+  cublasLtMatmulPreferenceOpaque_t preference_storage;
+  const cublasLtMatmulPreference_t preference = &preference_storage;
+  FMLP_LT_CHECK("cublasLtMatmulPreferenceInit", cublasLtMatmulPreferenceInit(preference));
+  const uint64_t workspace = static_cast<uint64_t>(env->workspace_bytes);
+  const struct {
+    cublasLtMatmulPreferenceAttributes_t attribute;
+    uint32_t bytes;
+  } alignments[] = {{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w},
+                    {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x},
+                    {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y},
+                    {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y}};
+  FMLP_LT_CHECK("cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)",
+                cublasLtMatmulPreferenceSetAttribute(preference,
+                                                     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &workspace, sizeof(workspace)));
+  for (const auto &alignment : alignments) {
+    FMLP_LT_CHECK("cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)",
+                  cublasLtMatmulPreferenceSetAttribute(preference, alignment.attribute,
+                                                       &alignment.bytes,
+                                                       sizeof(alignment.bytes)));
   }
-  FMLP_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->w_layout, type, a->k, a->n, a->w_row_stride));
-  FMLP_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->x_layout, type, a->k, a->m, a->x_row_stride));
-  FMLP_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->y_layout, type, a->n, a->m, a->y_row_stride));
-  fmlp_status status = set_batch(plan->w_layout, a->batch, a->w_batch_stride);
-  if (status == FMLP_OK) status = set_batch(plan->x_layout, a->batch, 0);
-  if (status == FMLP_OK) status = set_batch(plan->y_layout, a->batch, a->y_batch_stride);
-  if (status != FMLP_OK) return status;
-
-  cublasLtMatmulPreference_t preference;
-  FMLP_LT_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const uint64_t workspace = (uint64_t)env->workspace_bytes;
-  const uint32_t align_w = key.align_w, align_x = key.align_x, align_y = key.align_y;
   cublasLtMatmulHeuristicResult_t result;
   int found = 0;
-  const bool ok =
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &workspace, sizeof(workspace)) ==
-          CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                           &align_w, sizeof(align_w)) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                           &align_x, sizeof(align_x)) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                           &align_y, sizeof(align_y)) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                           &align_y, sizeof(align_y)) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulAlgoGetHeuristic(env->handle, plan->op, plan->w_layout, plan->x_layout,
-                                     plan->y_layout, plan->y_layout, preference, 1, &result,
-                                     &found) == CUBLAS_STATUS_SUCCESS;
-  cublasLtMatmulPreferenceDestroy(preference);
-  if (!ok) return FMLP_ERR_BACKEND;
-  if (found < 1) return FMLP_ERR_UNSUPPORTED;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      env->handle, d.op, d.w, d.x, d.y, d.y, preference, 1, &result, &found);
+  // NOT_SUPPORTED: "no heuristic function available for current configuration";
+  // INVALID_VALUE: what PyTorch saw for shapes its Lt path now avoids (Blas.cpp), as our
+  // routing does. Either way the caller's fallback computes the same result.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE ||
+      (status == CUBLAS_STATUS_SUCCESS && found < 1)) {
+    plan->found = false;
+    return FMLP_OK;
+  }
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    return lt_failure("cublasLtMatmulAlgoGetHeuristic", status, problem, epilogue);
+  }
+  plan->found = true;
   plan->algo = result.algo;
-  plan->key = key;
-  return FMLP_OK;
-}
-
-// The cached plan for key, or a new one (under the cache lock).
-fmlp_status find_plan(fmlp_cuda_plan_cache *cache, const fmlp_cuda_env *env,
-                      const fmlp_cuda_linear_args *a, const PlanKey &key, Plan **found) {
-  for (Plan &plan : cache->plans) {
-    if (plan.in_use && memcmp(&plan.key, &key, sizeof(key)) == 0) {
-      *found = &plan;
-      return FMLP_OK;
-    }
-  }
-  Plan *slot = &cache->plans[cache->next_victim];
-  cache->next_victim = (cache->next_victim + 1) % kPlanCapacity;
-  release_plan(slot);
-  const fmlp_status status = describe(env, a, key, slot);
-  if (status != FMLP_OK) {
-    release_plan(slot);
-    return status;
-  }
-  *found = slot;
-  return FMLP_OK;
-}
-
-fmlp_status run_plan(const fmlp_cuda_env *env, const fmlp_cuda_linear_args *a, Plan *plan) {
-  if (plan->key.has_bias) {
-    FMLP_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                 &a->bias, sizeof(a->bias)));
-  }
-  const float alpha = 1.f, beta = 0.f;
-  FMLP_LT_CHECK(cublasLtMatmul(env->handle, plan->op, &alpha, a->w, plan->w_layout, a->x,
-                               plan->x_layout, &beta, a->y, plan->y_layout, a->y, plan->y_layout,
-                               &plan->algo, env->workspace, (size_t)env->workspace_bytes,
-                               env->stream));
   return FMLP_OK;
 }
 
 }  // namespace
 
 fmlp_status fmlp_cuda_lt_matmul(const fmlp_cuda_env *env, const fmlp_cuda_linear_args *a) {
-  if (a->m == 0 || a->n == 0) return FMLP_OK;
-  const PlanKey key = key_for(env, a);
-  fmlp_cuda_plan_cache *cache = env->plans;
-  if (pthread_mutex_lock(&cache->lock) != 0) return FMLP_ERR_BACKEND;
-  Plan *plan = nullptr;
-  fmlp_status status = find_plan(cache, env, a, key, &plan);
-  if (status == FMLP_OK) status = run_plan(env, a, plan);
-  pthread_mutex_unlock(&cache->lock);
-  return status;
+  const fmlp_cuda_problem problem = fmlp_cuda_problem_of(a);
+  fmlp_cuda_epilogue epilogue;
+  if (!fmlp_cuda_epilogue_for(a->activation, a->bias != nullptr, a->pre != nullptr, a->n,
+                              &epilogue)) {
+    fmlp_cuda_record_failure("fmlp_cuda_lt_matmul", "no cuBLASLt epilogue for this activation",
+                             &problem);
+    return FMLP_ERR_UNSUPPORTED;
+  }
+  const cublasComputeType_t compute = a->dtype == FMLP_F32 && env->allow_tf32
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  Descriptors d;
+  fmlp_status status = describe(a, compute, problem, epilogue, &d);
+  if (status != FMLP_OK) return status;
+  const PlanKey key = key_for(env, a, compute, epilogue);
+  Plan plan;
+  if (!env->plans->find(key, &plan)) {
+    status = choose(env, key, d, problem, epilogue, &plan);
+    if (status != FMLP_OK) return status;
+    env->plans->insert(key, plan);
+  }
+  if (!plan.found) {
+    fmlp_cuda_record_failure("cublasLtMatmulAlgoGetHeuristic", "no algorithm", &problem);
+    return FMLP_ERR_UNSUPPORTED;
+  }
+  const float alpha = 1.f, beta = 0.f;
+  FMLP_LT_CHECK("cublasLtMatmul",
+                cublasLtMatmul(env->handle, d.op, &alpha, a->w, d.w, a->x, d.x, &beta, a->y, d.y,
+                               a->y, d.y, &plan.algo, env->workspace,
+                               static_cast<size_t>(env->workspace_bytes), env->stream));
+  return FMLP_OK;
 }
 
 extern "C" {
 
 fmlp_status fmlp_cuda_plan_cache_create(fmlp_cuda_plan_cache **cache) {
-  fmlp_cuda_plan_cache *created =
-      static_cast<fmlp_cuda_plan_cache *>(calloc(1, sizeof(fmlp_cuda_plan_cache)));
+  fmlp_cuda_plan_cache *created = new (std::nothrow) fmlp_cuda_plan_cache();
   if (created == nullptr) return FMLP_ERR_OUT_OF_MEMORY;
-  if (pthread_mutex_init(&created->lock, nullptr) != 0) {
-    free(created);
-    return FMLP_ERR_BACKEND;
-  }
   *cache = created;
   return FMLP_OK;
 }
 
-void fmlp_cuda_plan_cache_destroy(fmlp_cuda_plan_cache *cache) {
-  if (cache == nullptr) return;
-  for (Plan &plan : cache->plans) release_plan(&plan);
-  pthread_mutex_destroy(&cache->lock);
-  free(cache);
-}
-
-int64_t fmlp_cuda_workspace_bytes(int compute_capability_major) {
-  return compute_capability_major >= 9 ? (int64_t)32 << 20 : (int64_t)4 << 20;
-}
+void fmlp_cuda_plan_cache_destroy(fmlp_cuda_plan_cache *cache) { delete cache; }
 
 }  // extern "C"

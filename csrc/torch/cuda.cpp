@@ -1,7 +1,7 @@
 // CUDA kernels of the fusedmlp ops: tensors to pointers and strides, the
-// current stream, torch's cuBLASLt handle and a workspace from its caching
-// allocator. Multi-layer ops run one fused GEMM per layer, each labelled for
-// the profiler.
+// current stream, and torch's own cuBLAS and cuBLASLt handles with the Lt workspace
+// it keeps per handle and stream (no allocation per call). Multi-layer ops run one
+// fused GEMM per layer, each labelled for the profiler.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -15,8 +15,10 @@
 namespace fusedmlp {
 namespace {
 
+// The kernel's own detail names the failing CUDA or cuBLAS call, its status and the sizes.
 void check_status(fmlp_status status, const char *op) {
-  TORCH_CHECK(status == FMLP_OK, op, ": CUDA kernel failed: ", fmlp_status_string(status));
+  TORCH_CHECK(status == FMLP_OK, op, ": CUDA kernel failed (", fmlp_status_string(status),
+              "): ", fmlp_cuda_error_detail());
 }
 
 fmlp_dtype kernel_dtype(at::ScalarType dtype) {
@@ -39,34 +41,46 @@ fmlp_cuda_plan_cache *plan_cache() {
   return cache;
 }
 
-// Everything one op call needs for its GEMMs; the workspace tensor lives as
-// long as the op call, and the caching allocator orders its reuse by stream.
-struct GemmEnv {
-  at::Tensor workspace;
-  fmlp_cuda_env env;
+// float32 GEMMs may use TF32 exactly when torch's own do. torch decides it from its
+// fp32-precision setting each time it hands out its cuBLAS handle (CublasHandlePool.cpp
+// sets CUBLAS_TF32_TENSOR_OP_MATH or CUBLAS_DEFAULT_MATH), so the handle's math mode is
+// its answer, in every torch version, without allowTF32CuBLAS(), which raises once the
+// legacy and the new precision settings have both been used.
+bool allow_tf32(cublasHandle_t torch_handle) {
+  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+  TORCH_CHECK(cublasGetMathMode(torch_handle, &mode) == CUBLAS_STATUS_SUCCESS,
+              "fusedmlp: cublasGetMathMode failed on torch's cuBLAS handle");
+  const int without_flags = static_cast<int>(mode) &
+                            ~static_cast<int>(CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+  return without_flags == static_cast<int>(CUBLAS_TF32_TENSOR_OP_MATH);
+}
 
-  explicit GemmEnv(const at::Tensor &like) {
-    const int64_t bytes =
-        fmlp_cuda_workspace_bytes(at::cuda::getCurrentDeviceProperties()->major);
-    workspace = at::empty({bytes}, like.options().dtype(at::kByte));
-    env = {at::cuda::getCurrentCUDABlasLtHandle(),
-           at::cuda::getCurrentCUDAStream(),
-           static_cast<int>(like.get_device()),
-           workspace.data_ptr(),
-           bytes,
-           plan_cache(),
-           at::globalContext().allowTF32CuBLAS() ? 1 : 0};
-  }
-};
+// Everything one op call needs for its GEMMs, all of it torch's: handles bound to the
+// current stream, and the cuBLASLt workspace torch keeps for this handle and stream.
+fmlp_cuda_env gemm_env(const at::Tensor &like) {
+  cublasHandle_t blas_handle = at::cuda::getCurrentCUDABlasHandle();
+  return {at::cuda::getCurrentCUDABlasLtHandle(),
+          blas_handle,
+          at::cuda::getCurrentCUDAStream(),
+          static_cast<int>(like.get_device()),
+          at::cuda::getCUDABlasLtWorkspace(),
+          static_cast<int64_t>(at::cuda::getCUDABlasLtWorkspaceSize()),
+          plan_cache(),
+          allow_tf32(blas_handle) ? 1 : 0};
+}
 
 // A single row's stride is arbitrary; cuBLASLt still wants one >= the row length.
 int64_t row_stride(const at::Tensor &t) {
   return t.size(0) <= 1 ? std::max<int64_t>(1, t.size(1)) : t.stride(0);
 }
 
-// cuBLASLt takes rows with unit column stride and a row stride >= the row length.
+// cuBLAS takes rows with unit column stride and a row stride >= the row length; its
+// classic GEMM (size-1 and huge dimensions) takes strides that fit an int: others are
+// copied, so that only a row length beyond it is refused (FMLP_CUDA_GEMM_MAX_DIM).
 at::Tensor gemm_operand(const at::Tensor &t) {
-  const bool usable = t.stride(1) == 1 && row_stride(t) >= std::max<int64_t>(1, t.size(1));
+  const int64_t stride = row_stride(t);
+  const bool usable = t.stride(1) == 1 && stride >= std::max<int64_t>(1, t.size(1)) &&
+                      stride <= FMLP_CUDA_GEMM_MAX_DIM;
   return usable ? t : t.contiguous();
 }
 
@@ -101,22 +115,19 @@ void *saved_at(const at::Tensor &saved, int64_t offset) {
                     : static_cast<char *>(saved.data_ptr()) + offset * saved.element_size();
 }
 
-// Gate and up as one strided-batched GEMM when their weights (and biases)
-// sit at a fixed, aligned, forward distance in memory; else two GEMMs.
+// Gate and up as one strided-batched GEMM when routing.c's decision allows
+// (fmlp_cuda_gate_up_batchable); sets the batch strides.
 bool gate_up_batchable(const at::Tensor &wg, const at::Tensor &wu, const at::Tensor &bg,
-                       const at::Tensor &bu, int64_t *w_stride, int64_t *b_stride) {
-  const auto distance = [](const at::Tensor &a, const at::Tensor &b, int64_t *elements) {
-    const intptr_t bytes = reinterpret_cast<intptr_t>(b.data_ptr()) -
-                           reinterpret_cast<intptr_t>(a.data_ptr());
-    *elements = bytes / static_cast<intptr_t>(a.element_size());
-    return bytes > 0 && bytes % 16 == 0;
+                       const at::Tensor &bu, int64_t rows, int64_t *w_stride,
+                       int64_t *b_stride) {
+  const auto address = [](const at::Tensor &t) {
+    return t.defined() ? reinterpret_cast<uintptr_t>(t.data_ptr()) : uintptr_t{0};
   };
-  if (wg.size(1) == 0 || row_stride(wg) != row_stride(wu) || bg.defined() != bu.defined()) {
-    return false;
-  }
-  if (!distance(wg, wu, w_stride)) return false;
-  *b_stride = 0;
-  return !bg.defined() || distance(bg, bu, b_stride);
+  const fmlp_cuda_gate_up gate_up = {address(wg),    address(wu),     address(bg),
+                                     address(bu),    row_stride(wg),  row_stride(wu),
+                                     rows,           wg.size(0),      wg.size(1),
+                                     wg.element_size()};
+  return fmlp_cuda_gate_up_batchable(&gate_up, w_stride, b_stride) != 0;
 }
 
 struct CudaBackend {
@@ -135,7 +146,7 @@ struct CudaBackend {
     for (int64_t l = 0; l + 1 < n_layers; ++l) max_hidden = std::max(max_hidden, widths[l + 1]);
     // Inference intermediates ping-pong in one allocation.
     at::Tensor scratch = at::empty({save ? 0 : 2 * rows * max_hidden}, x_rows.options());
-    GemmEnv gemm(x_rows);
+    const fmlp_cuda_env env = gemm_env(x_rows);
     at::Tensor input = gemm_operand(x_rows);
     for (int64_t l = 0; l < n_layers; ++l) {
       RECORD_FUNCTION(layer_label(op, l), std::vector<c10::IValue>());
@@ -150,7 +161,7 @@ struct CudaBackend {
       const fmlp_cuda_linear_args args = linear_args(
           input, gemm_operand(weights[l]), bias_operand(bias_at(biases, l)), out,
           last ? final_activation : hidden, save ? saved_at(saved, layout.pre_offset[l]) : nullptr);
-      check_status(fmlp_cuda_linear(&gemm.env, &args), op);
+      check_status(fmlp_cuda_linear(&env, &args), op);
       input = out;
     }
     return {y, saved};
@@ -166,40 +177,48 @@ struct CudaBackend {
     const at::Tensor x = gemm_operand(x_rows), wg = gemm_operand(w_gate),
                      wu = gemm_operand(w_up), bg = bias_operand(bias_gate),
                      bu = bias_operand(bias_up);
-    // saved (or scratch): [gate pre-activation, up, act(gate) * up]
-    at::Tensor buffers = at::empty({3, rows, hidden}, x_rows.options());
+    // [gate pre-activation, up] and, saved for backward, act(gate) * up; in inference
+    // the product overwrites the gate in place.
+    at::Tensor buffers = at::empty({save ? 3 : 2, rows, hidden}, x_rows.options());
+    at::Tensor product = buffers[save ? 2 : 0];
     at::Tensor y = at::empty({rows, w_down.size(0)}, x_rows.options());
-    GemmEnv gemm(x_rows);
+    const fmlp_cuda_env env = gemm_env(x_rows);
     {
       RECORD_FUNCTION(std::string(op) + ".gate_up", std::vector<c10::IValue>());
       fmlp_cuda_linear_args args = linear_args(x, wg, bg, buffers[0], FMLP_ACT_NONE, nullptr);
       int64_t w_stride = 0, b_stride = 0;
-      if (gate_up_batchable(wg, wu, bg, bu, &w_stride, &b_stride)) {
-        args.batch = 2;
-        args.w_batch_stride = w_stride;
-        args.bias_batch_stride = b_stride;
-        args.y_batch_stride = rows * hidden;
-        check_status(fmlp_cuda_linear(&gemm.env, &args), op);
-      } else {
-        check_status(fmlp_cuda_linear(&gemm.env, &args), op);
+      fmlp_status batched = FMLP_ERR_UNSUPPORTED;
+      if (gate_up_batchable(wg, wu, bg, bu, rows, &w_stride, &b_stride)) {
+        fmlp_cuda_linear_args both = args;
+        both.batch = 2;
+        both.w_batch_stride = w_stride;
+        both.bias_batch_stride = b_stride;
+        both.y_batch_stride = rows * hidden;
+        batched = fmlp_cuda_linear(&env, &both);
+      }
+      // No batched algorithm (or not batchable): two GEMMs.
+      if (batched == FMLP_ERR_UNSUPPORTED) {
+        check_status(fmlp_cuda_linear(&env, &args), op);
         const fmlp_cuda_linear_args up =
             linear_args(x, wu, bu, buffers[1], FMLP_ACT_NONE, nullptr);
-        check_status(fmlp_cuda_linear(&gemm.env, &up), op);
+        check_status(fmlp_cuda_linear(&env, &up), op);
+      } else {
+        check_status(batched, op);
       }
     }
     {
       RECORD_FUNCTION(std::string(op) + ".product", std::vector<c10::IValue>());
       check_status(fmlp_cuda_gate_product(kernel_dtype(x.scalar_type()), rows * hidden,
                                           buffers[0].data_ptr(), buffers[1].data_ptr(),
-                                          activation, buffers[2].data_ptr(),
+                                          activation, product.data_ptr(),
                                           at::cuda::getCurrentCUDAStream()),
                    op);
     }
     {
       RECORD_FUNCTION(std::string(op) + ".down", std::vector<c10::IValue>());
       const fmlp_cuda_linear_args args = linear_args(
-          buffers[2], gemm_operand(w_down), bias_operand(bias_down), y, FMLP_ACT_NONE, nullptr);
-      check_status(fmlp_cuda_linear(&gemm.env, &args), op);
+          product, gemm_operand(w_down), bias_operand(bias_down), y, FMLP_ACT_NONE, nullptr);
+      check_status(fmlp_cuda_linear(&env, &args), op);
     }
     return {y, save ? buffers : at::empty({0, rows, hidden}, x_rows.options())};
   }

@@ -96,7 +96,8 @@ def _gated_backward(
     gate, up, product = saved[0], saved[1], saved[2]
     grad_w_down = grad.t().mm(product)
     grad_gate, grad_up = _ops.gated_backward(grad.mm(w_down), gate, up, activation)
-    grad_x = (grad_gate.mm(w_gate) + grad_up.mm(w_up)).view(x.shape) if need_grad_x else None
+    # grad_x = grad_gate @ w_gate + grad_up @ w_up, the second GEMM accumulating (beta = 1)
+    grad_x = grad_up.mm(w_up).addmm_(grad_gate, w_gate).view(x.shape) if need_grad_x else None
     grads = (grad_gate, grad_up, grad)
     grad_biases = tuple(g.sum(0) if present else None for g, present in zip(grads, has_bias))
     return (

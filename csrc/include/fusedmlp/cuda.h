@@ -4,26 +4,30 @@
 #define FUSEDMLP_CUDA_H
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "fusedmlp/cuda_routing.h"
 #include "fusedmlp/fusedmlp.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Matmul plans (descriptors plus the heuristic's algorithm) keyed by shape,
- * dtype and epilogue; bounded in size and safe to share between threads. */
+/* cuBLASLt algorithms chosen by its heuristic, keyed by everything the choice depends
+ * on (shape, strides, dtype, epilogue, compute type, operand alignments, workspace),
+ * including the epilogues it found no algorithm for. Bounded (least recently used goes
+ * first) and safe to share between threads; a lookup holds its lock only to read or
+ * insert one entry, never across a heuristic query or a launch. */
 typedef struct fmlp_cuda_plan_cache fmlp_cuda_plan_cache;
 fmlp_status fmlp_cuda_plan_cache_create(fmlp_cuda_plan_cache **cache);
 void fmlp_cuda_plan_cache_destroy(fmlp_cuda_plan_cache *cache);
 
-/* Workspace cuBLASLt gets: 32 MiB on Hopper and newer, 4 MiB before. */
-int64_t fmlp_cuda_workspace_bytes(int compute_capability_major);
-
-/* Where and how a GEMM runs. */
+/* Where and how a GEMM runs. The handles, stream and workspace belong to the caller
+ * (PyTorch's, in the torch layer), the workspace to this stream. */
 typedef struct {
   cublasLtHandle_t handle;
+  cublasHandle_t blas_handle; /* for the GEMM without epilogue, bound to stream */
   cudaStream_t stream;
   int device;
   void *workspace;
@@ -49,21 +53,22 @@ typedef struct {
   void *pre; /* optional m x n (row stride n) pre-activation, batch 1 only */
 } fmlp_cuda_linear_args;
 
-/* y = act(x @ w.T + bias). Activations cuBLASLt computes exactly (ReLU, the
- * tanh GELU) run in its epilogue; exact GELU and SiLU, and any call that
- * saves the pre-activation, run our pointwise kernel after a BIAS epilogue. */
+/* y = act(x @ w.T + bias). The identity and the tanh GELU (also when saving the
+ * pre-activation, as GELU_AUX) run in cuBLASLt's epilogue when every size is above 1
+ * and below 65535 * 32, as PyTorch routes its own; everything else (ReLU, which must
+ * keep NaN, exact GELU, SiLU, size-1 or huge dimensions, an epilogue the heuristic has
+ * no algorithm for) is a plain GEMM followed by our bias + activation kernel. A batched
+ * call (batch > 1) takes only the epilogue route: FMLP_ERR_UNSUPPORTED otherwise, and
+ * the caller runs its matrices one by one. Every failure records a detail
+ * (fmlp_cuda_error_detail in fusedmlp/cuda_routing.h). */
 fmlp_status fmlp_cuda_linear(const fmlp_cuda_env *env, const fmlp_cuda_linear_args *args);
-
-/* out = act(in), n contiguous elements (in == out allowed). */
-fmlp_status fmlp_cuda_activation(fmlp_dtype dtype, int64_t n, const void *in,
-                                 fmlp_activation activation, void *out, cudaStream_t stream);
 
 /* grad_pre = grad_out * act'(pre), n contiguous elements. */
 fmlp_status fmlp_cuda_activation_backward(fmlp_dtype dtype, int64_t n, const void *grad_out,
                                           const void *pre, fmlp_activation activation,
                                           void *grad_pre, cudaStream_t stream);
 
-/* product = act(gate) * up, n contiguous elements. */
+/* product = act(gate) * up, n contiguous elements; product may be gate (in place). */
 fmlp_status fmlp_cuda_gate_product(fmlp_dtype dtype, int64_t n, const void *gate, const void *up,
                                    fmlp_activation activation, void *product,
                                    cudaStream_t stream);
