@@ -1,4 +1,4 @@
-"""The backward that CUDA runs (python/fusedmlp/ops.py: ATen GEMMs around
+"""The backward that CUDA runs (python/fusedmlp/autograd.py: ATen GEMMs around
 fusedmlp::activation_backward / gated_backward, grad_x of the gated block as one addmm
 accumulation), run here on CPU by turning off the CPU's one-op backward, against
 PyTorch's autograd in float64."""
@@ -9,12 +9,12 @@ import fusedmlp
 import pytest
 import torch
 from conftest import ACTIVATIONS, reference_activation
-from fusedmlp import ops
+from fusedmlp import autograd
 
 
 @pytest.fixture
 def generic_backward(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ops, "_whole_backward_on_cpu", lambda x: False)
+    monkeypatch.setattr(autograd, "_whole_backward_on_cpu", lambda x: False)
 
 
 def leaves(*tensors: torch.Tensor | None) -> list[torch.Tensor]:

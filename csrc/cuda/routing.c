@@ -4,27 +4,38 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The epilogue families of activations.def's CUBLASLT column. */
+static int lt_epilogue_DEFAULT(int has_bias, int saves_pre, int64_t n,
+                               fmlp_cuda_epilogue *epilogue) {
+  (void)n; /* nothing to save: the output is the pre-activation */
+  *epilogue = has_bias ? FMLP_CUDA_EPILOGUE_BIAS : FMLP_CUDA_EPILOGUE_DEFAULT;
+  return !saves_pre;
+}
+
+static int lt_epilogue_GELU(int has_bias, int saves_pre, int64_t n,
+                            fmlp_cuda_epilogue *epilogue) {
+  if (!saves_pre) {
+    *epilogue = has_bias ? FMLP_CUDA_EPILOGUE_GELU_BIAS : FMLP_CUDA_EPILOGUE_GELU;
+    return 1;
+  }
+  /* the aux buffer is the saved pre-activation, leading dimension n */
+  *epilogue = has_bias ? FMLP_CUDA_EPILOGUE_GELU_AUX_BIAS : FMLP_CUDA_EPILOGUE_GELU_AUX;
+  return n % 8 == 0;
+}
+
+static int lt_epilogue_OWN(int has_bias, int saves_pre, int64_t n,
+                           fmlp_cuda_epilogue *epilogue) {
+  (void)has_bias, (void)saves_pre, (void)n, (void)epilogue;
+  return 0;
+}
+
 int fmlp_cuda_epilogue_for(fmlp_activation activation, int has_bias, int saves_pre, int64_t n,
                            fmlp_cuda_epilogue *epilogue) {
   switch (activation) {
-    case FMLP_ACT_NONE:
-      /* nothing to save: the output is the pre-activation */
-      *epilogue = has_bias ? FMLP_CUDA_EPILOGUE_BIAS : FMLP_CUDA_EPILOGUE_DEFAULT;
-      return !saves_pre;
-    case FMLP_ACT_GELU_TANH:
-      if (!saves_pre) {
-        *epilogue = has_bias ? FMLP_CUDA_EPILOGUE_GELU_BIAS : FMLP_CUDA_EPILOGUE_GELU;
-        return 1;
-      }
-      /* the aux buffer is the saved pre-activation, leading dimension n */
-      *epilogue = has_bias ? FMLP_CUDA_EPILOGUE_GELU_AUX_BIAS : FMLP_CUDA_EPILOGUE_GELU_AUX;
-      return n % 8 == 0;
-    case FMLP_ACT_RELU: /* cuBLASLt's ReLU maps NaN to 0; torch.relu keeps it */
-    case FMLP_ACT_GELU: /* cuBLASLt's GELU is the tanh approximation */
-    case FMLP_ACT_SILU: /* no SiLU epilogue */
-      return 0;
-    case FMLP_ACT_COUNT:
-      return 0;
+#define FMLP_ACTIVATION(id, name, cublaslt) \
+  case FMLP_ACT_##id: return lt_epilogue_##cublaslt(has_bias, saves_pre, n, epilogue);
+#include "fusedmlp/activations.def"
+    case FMLP_ACT_COUNT: return 0;
   }
   return 0;
 }
@@ -122,11 +133,9 @@ void fmlp_cuda_describe_problem(const fmlp_cuda_problem *p, char *buffer, size_t
 
 const char *fmlp_cuda_activation_name(fmlp_activation activation) {
   switch (activation) {
-    case FMLP_ACT_NONE: return "none";
-    case FMLP_ACT_RELU: return "relu";
-    case FMLP_ACT_GELU: return "gelu";
-    case FMLP_ACT_GELU_TANH: return "gelu_tanh";
-    case FMLP_ACT_SILU: return "silu";
+#define FMLP_ACTIVATION(id, name, cublaslt) \
+  case FMLP_ACT_##id: return #name;
+#include "fusedmlp/activations.def"
     case FMLP_ACT_COUNT: break;
   }
   return "unknown";

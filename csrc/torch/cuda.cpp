@@ -131,7 +131,7 @@ bool gate_up_batchable(const at::Tensor &wg, const at::Tensor &wu, const at::Ten
 }
 
 struct CudaBackend {
-  static std::vector<at::ScalarType> dtypes() { return {at::kFloat, at::kHalf, at::kBFloat16}; }
+  static std::vector<at::ScalarType> dtypes() { return cuda_dtypes(); }
 
   static TensorPair chain(const char *op, const at::Tensor &x_rows, at::TensorList weights,
                           at::TensorList biases, fmlp_activation hidden,
