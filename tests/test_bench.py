@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fusedmlp.bench_cases import CASES
+from fusedmlp.bench.cases import CASES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 from fusedmlp.profile import main
-from fusedmlp.profile_measure import check_output
-from fusedmlp.profile_reading import kernels_phrase, ops_phrase, time_phrase
+from fusedmlp.profile.measure import check_output
+from fusedmlp.profile.reading import kernels_phrase, ops_phrase, time_phrase
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL_RUN = ["--device", "cpu", "--tokens", "8", "--iters", "2", "--warmup", "1"]
 SMALL_RUN += ["--profile-steps", "2"]
 EXPERIMENTS = ("linear", "mlp", "gated")
@@ -158,3 +162,22 @@ def test_reading_words_time_changes() -> None:
     assert time_phrase("wall", 10.0, 7.7) == "wall fell 23% (10.0 → 7.70 ms)"
     assert time_phrase("wall", 0.5, 2.0) == "wall rose 4.0x (0.500 → 2.00 ms)"
     assert time_phrase("wall", 384.4, 7408.0) == "wall rose 19.3x (384 → 7408 ms)"
+
+
+def test_library_imports_without_matplotlib_and_the_study_says_what_to_install() -> None:
+    # A None entry in sys.modules makes `import matplotlib` fail as if it were not installed.
+    script = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "import fusedmlp, torch\n"
+        "fusedmlp.linear(torch.ones(1, 2), torch.ones(3, 2))\n"
+        "from fusedmlp.profile import main\n"
+        "main(['--device', 'cpu'])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert "matplotlib, which is not installed" in result.stderr
+    assert "pip install 'fusedmlp[study]'" in result.stderr

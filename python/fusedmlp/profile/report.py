@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from fusedmlp.profile_measure import ExperimentResult, VariantResult
-from fusedmlp.profile_reading import (
+from fusedmlp.profile.measure import ExperimentResult, VariantResult
+from fusedmlp.profile.reading import (
     describe_ops,
     experiment_reading,
     format_count,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-from fusedmlp.profile_experiments import COMPILE, FUSED_COMPILE
-from fusedmlp.profile_measure import ExperimentResult, VariantResult
+from fusedmlp.profile.experiments import COMPILE, FUSED_COMPILE
+from fusedmlp.profile.measure import ExperimentResult, VariantResult
 
 # A change in time under this fraction is reported as "about the same": runs on a shared
 # machine drift by a few percent.

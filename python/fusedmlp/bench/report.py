@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fusedmlp.tools.plotting import pyplot
+
 VARIANTS = ("eager", "compile", "fused")
 
 
@@ -81,11 +83,7 @@ def write_json(path: Path, machine: dict, results: list[CaseResult]) -> None:
 
 def write_plot(path: Path, results: list[CaseResult], title: str) -> None:
     """Bars of fused time / eager and / compile time per case; the line at 1 is parity."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = [r.name for r in results]
     figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.5))
     width = 0.38

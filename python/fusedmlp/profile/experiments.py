@@ -13,7 +13,7 @@ from torch import nn
 
 import fusedmlp
 from fusedmlp.activations import ACTIVATIONS
-from fusedmlp.eager_blocks import GatedBlock, linear_chain
+from fusedmlp.tools.eager_blocks import GatedBlock, linear_chain
 
 EXPERIMENTS = ("linear", "mlp", "gated")
 EAGER, COMPILE, FUSED, FUSED_COMPILE = "eager", "compile", "fused", "fused+compile"

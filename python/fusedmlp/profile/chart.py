@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusedmlp.profile_measure import ExperimentResult
+from fusedmlp.profile.measure import ExperimentResult
+from fusedmlp.tools.plotting import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -46,11 +47,9 @@ def count_series(experiment: ExperimentResult) -> dict[str, list[float]]:
 
 
 def write_chart(path: Path, experiments: list[ExperimentResult], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
 
     figure, axes = plt.subplots(
         2, len(experiments), figsize=(4.5 * len(experiments), 7), squeeze=False

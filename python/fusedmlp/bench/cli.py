@@ -7,7 +7,7 @@ Times every case with torch.utils.benchmark (warm-up, CUDA sync, medians; the th
 take turns in rounds so that drifting machine load biases none of them), prints a table of
 medians and of fused/eager and fused/compile time ratios, and writes bench.json and bench.png
 into --out. GEMM-bound cases also report GFLOP/s as a fraction of this machine's peak,
-measured at the start by a small C FMA loop (bench_peak.py) on as many threads as torch uses.
+measured at the start by a small C FMA loop (peak.py) on as many threads as torch uses.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import torch.utils.benchmark as benchmark
 
-from . import _C
-from .bench_cases import (
+from fusedmlp import _C
+from fusedmlp.bench.cases import (
     CASES,
     Case,
     build_modules,
@@ -34,9 +34,10 @@ from .bench_cases import (
     make_input,
     training_call,
 )
-from .bench_peak import measure_peak_gflops
-from .bench_report import CaseResult, format_table, write_json, write_plot
-from .ops import _DEVICE_DTYPES
+from fusedmlp.bench.peak import measure_peak_gflops
+from fusedmlp.bench.report import CaseResult, format_table, write_json, write_plot
+from fusedmlp.ops import _DEVICE_DTYPES
+from fusedmlp.tools.plotting import require_matplotlib
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -152,6 +153,7 @@ def machine_description(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    require_matplotlib("python -m fusedmlp.bench")
     # Inductor's pool of compile worker processes would keep cores busy while we time.
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -177,6 +179,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from fusedmlp.profile_chart import write_chart
-from fusedmlp.profile_experiments import (
+from fusedmlp.profile.chart import write_chart
+from fusedmlp.profile.experiments import (
     ALL_VARIANTS,
     COMPILE,
     EXPERIMENTS,
@@ -30,7 +30,7 @@ from fusedmlp.profile_experiments import (
     default_tokens,
     variant_model,
 )
-from fusedmlp.profile_measure import (
+from fusedmlp.profile.measure import (
     ExperimentResult,
     VariantResult,
     check_output,
@@ -38,8 +38,9 @@ from fusedmlp.profile_measure import (
     time_forward,
     warm_up,
 )
-from fusedmlp.profile_reading import format_ms
-from fusedmlp.profile_report import environment, summary_markdown, write_summary_json
+from fusedmlp.profile.reading import format_ms
+from fusedmlp.profile.report import environment, summary_markdown, write_summary_json
+from fusedmlp.tools.plotting import require_matplotlib
 
 DTYPES = {
     "float32": torch.float32,
@@ -253,6 +254,7 @@ def warn_if_overloaded(env: dict[str, str | int | float | None]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
+    require_matplotlib("python -m fusedmlp.profile")
     settings.out.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
         experiments = run_study(settings)
@@ -271,6 +273,3 @@ def main(argv: list[str] | None = None) -> int:
     )
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
