@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fusedmlp.tools.memory import format_mib
 from fusedmlp.tools.plotting import pyplot
 
 VARIANTS = ("eager", "compile", "fused")
@@ -20,6 +21,8 @@ class CaseResult:
     flops: int
     gemm_bound: bool
     median_s: dict[str, float] = field(default_factory=dict)  # per variant
+    # per variant: inference_peak_bytes, saved_for_backward_bytes (tools/memory.py)
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def ratio(self, variant: str) -> float | None:
         """fused time / variant time: below 1 means fused is faster."""
@@ -51,9 +54,16 @@ def _number(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def _mib_per_variant(result: CaseResult, key: str) -> str:
+    """The variants' MiB in VARIANTS order, joined by "/" (e.g. eager/compile/fused)."""
+    values = [result.memory[v][key] for v in VARIANTS if v in result.memory]
+    return "/".join(format_mib(value) for value in values) or "-"
+
+
 def format_table(results: list[CaseResult], peak_gflops: float | None) -> str:
+    variants = "/".join(v[0] for v in VARIANTS if any(v in r.memory for r in results))
     header = ["case", "eager ms", "compile ms", "fused ms", "fused/eager", "fused/compile",
-              "fused GFLOP/s", "% peak"]
+              "fused GFLOP/s", "% peak", f"peak fwd MiB {variants}", f"saved bwd MiB {variants}"]
     rows = [header]
     for r in results:
         fused = r.gflops("fused")
@@ -67,6 +77,8 @@ def format_table(results: list[CaseResult], peak_gflops: float | None) -> str:
             _number(r.ratio("compile"), "{:.2f}x"),
             _number(fused, "{:.1f}"),
             _number(peak, "{:.0f}%"),
+            _mib_per_variant(r, "inference_peak_bytes"),
+            _mib_per_variant(r, "saved_for_backward_bytes"),
         ])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
