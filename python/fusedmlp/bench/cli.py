@@ -138,7 +138,9 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
               file=sys.stderr, flush=True)
     result.median_s = {v: statistics.median(runs[v]) for v in variants}
     for variant in variants:
-        memory = forward_memory(modules[variant], x, torch.device(args.device))
+        memory = forward_memory(
+            modules[variant], x, torch.device(args.device), compiled=variant == "compile"
+        )
         result.memory[variant] = asdict(memory)
     return result
 

@@ -49,7 +49,7 @@ from fusedmlp.profile.report import (
     write_summary_json,
 )
 from fusedmlp.profile.timeline import write_timeline
-from fusedmlp.tools.memory import forward_memory
+from fusedmlp.tools.memory import ForwardMemory, measure_call, saved_for_backward
 from fusedmlp.tools.plotting import require_matplotlib
 
 DTYPES = {
@@ -224,7 +224,8 @@ def run_variant(
     model = variant_model(experiment, variant, device)
     with torch.inference_mode():
         first_call_s = warm_up(model, inputs, settings.warmup, device)
-        check = check_output(model(inputs), reference)
+        output, inference = measure_call(lambda: model(inputs), device)
+        check = check_output(output, reference)
         log(f"{prefix}: profiling {settings.profile_steps} forwards...")
         trace_file = f"{experiment.name}-{variant.replace('+', '-')}.json"
         profiled = profile_forward(
@@ -232,8 +233,9 @@ def run_variant(
         )
         log(f"{prefix}: timing {settings.iters} forwards...")
         wall = time_forward(model, inputs, settings.iters, device)
-    log(f"{prefix}: measuring memory, inference and with autograd...")
-    memory = forward_memory(model, inputs, device)
+    log(f"{prefix}: measuring the memory a forward saves for backward...")
+    saved = saved_for_backward(model, inputs, device, compiled)
+    memory = ForwardMemory(inference.peak_bytes, saved)
     matches = "matches eager" if check.matches_eager else "does NOT match eager"
     log(f"{prefix}: {format_ms(wall.median_ms)} ms per forward (median), {matches}")
     return VariantResult(

@@ -87,13 +87,9 @@ class ForwardMemory:
 
 
 def forward_memory(model: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor,
-                   device: torch.device) -> ForwardMemory:
-    """Both figures of one forward; an untimed forward with autograd first lets a compiled model
-    compile for it (its graphs differ) outside the measurement."""
-    with torch.enable_grad():
-        model(inputs)
+                   device: torch.device, compiled: bool) -> ForwardMemory:
     return ForwardMemory(inference_peak(model, inputs, device),
-                         saved_for_backward(model, inputs, device))
+                         saved_for_backward(model, inputs, device, compiled))
 
 
 def inference_peak(model: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor,
@@ -104,9 +100,13 @@ def inference_peak(model: Callable[[torch.Tensor], torch.Tensor], inputs: torch.
 
 
 def saved_for_backward(model: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor,
-                       device: torch.device) -> int:
-    """Needs a model whose weights require grad and were not made under inference_mode."""
+                       device: torch.device, compiled: bool) -> int:
+    """Needs weights that require grad and were not made under inference_mode. A compiled model
+    first runs one unmeasured forward with autograd: its graphs for autograd differ, and
+    compiling them must not count."""
     with torch.enable_grad():
+        if compiled:
+            model(inputs)
         output, memory = measure_call(lambda: model(inputs), device)
         output_bytes = output.untyped_storage().nbytes()
         del output  # frees the graph and what it saved
