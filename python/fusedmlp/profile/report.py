@@ -210,7 +210,7 @@ def summary_markdown(
 ) -> str:
     sections = [header(env, settings)]
     sections.extend(experiment_section(experiment) for experiment in experiments)
-    sections.append(f"![time and ops per forward]({chart_file})")
+    sections.append(f"![time, ops and memory per forward]({chart_file})")
     return "\n\n".join(sections) + "\n"
 
 
