@@ -70,16 +70,6 @@ class OpNode:
             "children": [child.as_json() for child in self.children],
         }
 
-    def find(self, name: str) -> OpNode | None:
-        """The first node named `name` in this subtree, depth first."""
-        if self.name == name:
-            return self
-        for child in self.children:
-            found = child.find(name)
-            if found is not None:
-                return found
-        return None
-
 
 def display_name(event: FunctionEvent) -> str:
     return COMPILED_GRAPH.sub(r"## Call CompiledFxGraph \1… ##", event.name)
