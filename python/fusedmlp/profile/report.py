@@ -160,8 +160,9 @@ def experiment_section(experiment: ExperimentResult) -> str:
         lines.append(f"- {variant}: skipped: {reason}")
     lines += [
         "",
-        "Op tree of one forward (per forward over the profiled ones; views, reshapes, "
-        "allocations and as_strided folded into their callers; shapes of the GEMMs' inputs):",
+        "Op tree of one forward (per forward over the profiled ones; total and self are host "
+        "times, GPU ms (on CUDA) its kernels; views, reshapes, allocations and as_strided "
+        "folded into their callers; shapes of the GEMMs' inputs):",
         "",
     ]
     for result in experiment.variants:
