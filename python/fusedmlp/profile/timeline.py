@@ -90,7 +90,7 @@ def short_name(name: str) -> str:
     for prefix, short in SHORT_NAMES:
         if name.startswith(prefix):
             return short
-    for prefix in ("void ", "aten::", "fusedmlp::", "fusedmlp."):
+    for prefix in ("void ", "aten::", "fusedmlp::"):
         name = name.removeprefix(prefix)
     return name.split("<", 1)[0].split("(", 1)[0]
 
