@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fusedmlp.bench_cases import CASES
+from fusedmlp.bench.cases import CASES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,8 +32,15 @@ def test_quick_sweep_writes_every_case(tmp_path: Path) -> None:
         assert set(case["median_s"]) == {"eager", "compile", "fused"}
         assert all(seconds > 0 for seconds in case["median_s"].values())
         assert case["ratio_vs_eager"] > 0 and case["ratio_vs_compile"] > 0
+        assert set(case["memory"]) == {"eager", "compile", "fused"}
+        for memory in case["memory"].values():
+            assert memory["inference_peak_bytes"] > 0 and memory["saved_for_backward_bytes"] >= 0
+    gated = next(case for case in document["cases"] if case["name"] == "gated_1024")
+    fused, eager = gated["memory"]["fused"], gated["memory"]["eager"]
+    assert fused["inference_peak_bytes"] < eager["inference_peak_bytes"]
     assert document["machine"]["cpu_isa"] in {"avx512", "avx2", "portable"}
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "peak fwd MiB e/c/f" in result.stdout
     for case in CASES:  # the table names every case, and progress went to stderr
         assert case.name in result.stdout
         assert f"{case.name}: round" in result.stderr

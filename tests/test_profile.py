@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 from fusedmlp.profile import main
-from fusedmlp.profile_measure import check_output
-from fusedmlp.profile_reading import kernels_phrase, ops_phrase, time_phrase
+from fusedmlp.profile.measure import check_output
+from fusedmlp.profile.reading import kernels_phrase, ops_phrase, time_phrase
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL_RUN = ["--device", "cpu", "--tokens", "8", "--iters", "2", "--warmup", "1"]
 SMALL_RUN += ["--profile-steps", "2"]
 EXPERIMENTS = ("linear", "mlp", "gated")
@@ -33,6 +37,40 @@ def test_writes_summary_chart_and_a_trace_per_variant(uncompiled_study: Path) ->
     expected = {"summary.json", "summary.md", "summary.png"}
     expected |= {f"{name}-{variant}.json" for name in EXPERIMENTS for variant in ("eager", "fused")}
     assert expected <= {path.name for path in uncompiled_study.iterdir()}
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_writes_a_timeline_picture_per_experiment(uncompiled_study: Path, experiment: str) -> None:
+    picture = (uncompiled_study / f"timeline-{experiment}.png").read_bytes()
+    assert picture[:8] == b"\x89PNG\r\n\x1a\n" and len(picture) > 10_000
+
+
+def child_names(node: dict) -> list[str]:
+    return [child["name"] for child in node["children"]]
+
+
+def test_eager_linear_tree_is_linear_then_t_and_addmm(uncompiled_study: Path) -> None:
+    summary = json.loads((uncompiled_study / "summary.json").read_text())
+    variants = summary["experiments"]["linear"]["variants"]
+    (linear,) = variants["eager"]["op_tree"]
+    assert linear["name"] == "aten::linear" and linear["calls"] == 1
+    assert linear["shapes"] == "(8, 32) (64, 32) (64)"
+    assert child_names(linear)[:2] == ["aten::t", "aten::addmm"]
+    addmm = linear["children"][1]
+    assert 0 < addmm["self_ms"] <= addmm["total_ms"] <= linear["total_ms"]
+    (fused,) = variants["fused"]["op_tree"]
+    assert fused["name"] == "fusedmlp::linear" and child_names(fused) == ["fusedmlp.linear"]
+
+
+def test_fused_gated_block_needs_less_memory_than_eager(uncompiled_study: Path) -> None:
+    variants = json.loads((uncompiled_study / "summary.json").read_text())["experiments"]
+    eager, fused = variants["gated"]["variants"]["eager"], variants["gated"]["variants"]["fused"]
+    # eager holds act(gate), up and their product (8 x 3072 floats each) at once
+    assert eager["inference_peak_bytes"] >= 3 * 8 * 3072 * 4
+    assert 0 < fused["inference_peak_bytes"] < eager["inference_peak_bytes"]
+    assert 0 < fused["saved_for_backward_bytes"] < eager["saved_for_backward_bytes"]
+    # nn.Linear saves only its input and weight, which were there before the forward
+    assert variants["linear"]["variants"]["eager"]["saved_for_backward_bytes"] == 0
 
 
 @pytest.mark.parametrize(
@@ -59,12 +97,21 @@ def test_summary_json_has_every_variant_matching_eager(uncompiled_study: Path) -
         assert all(variant["matches_eager"] for variant in variants.values())
         assert variants["fused"]["ops_per_forward"] == 1
         assert variants["eager"]["gpu_ms_per_forward"] is None
+        assert experiment["timeline_file"].startswith("timeline-")
+        for variant in variants.values():
+            assert variant["op_tree"] and variant["inference_peak_bytes"] > 0
+            assert variant["saved_for_backward_bytes"] >= 0
+    skipped = summary["experiments"]["gated"]["skipped_variants"]
+    assert "liger_kernel is not installed" in skipped["liger"] or "CUDA only" in skipped["liger"]
 
 
 def test_summary_md_reads_each_step(uncompiled_study: Path) -> None:
     summary = (uncompiled_study / "summary.md").read_text()
     assert "| eager " in summary and "| fused " in summary
     assert "fused replaced 3 aten::linear and 2 aten::gelu with 1 fusedmlp::mlp" in summary
+    assert "\n  aten::addmm " in summary and "fusedmlp.gated_mlp.gate_up" in summary
+    assert "- liger: skipped: " in summary and "![timeline](timeline-gated.png)" in summary
+    assert "peak forward memory fell" in summary and "| peak fwd MiB |" in summary
 
 
 def test_compiled_variants_of_linear(tmp_path: Path) -> None:
@@ -89,6 +136,8 @@ def test_cuda_study_reports_kernels_and_gpu_time(tmp_path: Path) -> None:
             assert variant["matches_eager"]
             assert variant["kernels_per_forward"] > 0
             assert variant["gpu_ms_per_forward"] > 0
+            assert sum(node["gpu_ms"] for node in variant["op_tree"]) > 0
+    assert (tmp_path / "timeline-gated.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(
@@ -158,3 +207,22 @@ def test_reading_words_time_changes() -> None:
     assert time_phrase("wall", 10.0, 7.7) == "wall fell 23% (10.0 → 7.70 ms)"
     assert time_phrase("wall", 0.5, 2.0) == "wall rose 4.0x (0.500 → 2.00 ms)"
     assert time_phrase("wall", 384.4, 7408.0) == "wall rose 19.3x (384 → 7408 ms)"
+
+
+def test_library_imports_without_matplotlib_and_the_study_says_what_to_install() -> None:
+    # A None entry in sys.modules makes `import matplotlib` fail as if it were not installed.
+    script = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "import fusedmlp, torch\n"
+        "fusedmlp.linear(torch.ones(1, 2), torch.ones(3, 2))\n"
+        "from fusedmlp.profile import main\n"
+        "main(['--device', 'cpu'])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert "matplotlib, which is not installed" in result.stderr
+    assert "pip install 'fusedmlp[study]'" in result.stderr

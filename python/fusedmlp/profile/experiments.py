@@ -1,24 +1,28 @@
-"""The experiments of `python -m fusedmlp.profile`: models, inputs and the four variants.
+"""The experiments of `python -m fusedmlp.profile`: models, inputs and the four variants (and,
+for the gated block on CUDA, Liger's GEGLU MLP when liger_kernel is installed).
 
 Every variant of an experiment shares the eager model's weights, so their outputs must agree.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 import fusedmlp
 from fusedmlp.activations import ACTIVATIONS
-from fusedmlp.eager_blocks import GatedBlock, linear_chain
+from fusedmlp.tools.eager_blocks import GatedBlock, linear_chain
 
 EXPERIMENTS = ("linear", "mlp", "gated")
 EAGER, COMPILE, FUSED, FUSED_COMPILE = "eager", "compile", "fused", "fused+compile"
 ALL_VARIANTS = (EAGER, COMPILE, FUSED, FUSED_COMPILE)
 UNCOMPILED_VARIANTS = (EAGER, FUSED)
+LIGER = "liger"
 MLP_ACTIVATIONS = tuple(name for name in ACTIVATIONS if name != "none")
 
 LINEAR_IN, LINEAR_OUT = 32, 64
@@ -41,6 +45,9 @@ class Experiment:
     eager: nn.Module
     fused: nn.Module
     inputs: torch.Tensor
+    # Variants only this experiment has (run after the common ones), and those it skipped, why.
+    extra_variants: dict[str, nn.Module] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def default_tokens(experiment: str, device: torch.device) -> int:
@@ -77,6 +84,26 @@ def build_mlp(tokens: int, device: torch.device, dtype: torch.dtype, activation:
     )
 
 
+def liger_block(eager: GatedBlock, device: torch.device) -> nn.Module | str:
+    """Liger's GEGLU MLP (gate/up/down Linears around its Triton gelu_tanh * up kernel) with
+    the eager block's weights, or why it cannot run here."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "liger_kernel is not installed (pip install liger-kernel adds it on CUDA)"
+    if device.type != "cuda":
+        return "Liger's kernels are Triton kernels, which run on CUDA only"
+    try:
+        from liger_kernel.transformers.geglu import LigerGEGLUMLP
+    except ImportError as error:
+        return f"liger_kernel is installed but does not import: {error}"
+    config = SimpleNamespace(
+        hidden_size=GATED_DIM, intermediate_size=GATED_HIDDEN, hidden_act="gelu_pytorch_tanh"
+    )
+    weight = eager.gate_proj.weight
+    block = LigerGEGLUMLP(config).to(weight.device, weight.dtype)
+    block.load_state_dict(eager.state_dict())
+    return block
+
+
 def build_gated(tokens: int, device: torch.device, dtype: torch.dtype) -> Experiment:
     eager = GatedBlock(GATED_DIM, GATED_HIDDEN, "gelu_tanh", device, dtype)
     fused = fusedmlp.FusedGatedMLP(
@@ -84,6 +111,7 @@ def build_gated(tokens: int, device: torch.device, dtype: torch.dtype) -> Experi
     )
     fused.load_state_dict(eager.state_dict())
     batch, seq = gated_batch_and_seq(tokens)
+    liger = liger_block(eager, device)
     return Experiment(
         name="gated",
         description=(
@@ -93,6 +121,8 @@ def build_gated(tokens: int, device: torch.device, dtype: torch.dtype) -> Experi
         eager=eager,
         fused=fused,
         inputs=torch.randn(batch, seq, GATED_DIM, device=device, dtype=dtype),
+        extra_variants={} if isinstance(liger, str) else {LIGER: liger},
+        skipped={LIGER: liger} if isinstance(liger, str) else {},
     )
 
 
@@ -127,4 +157,6 @@ def variant_model(
         FUSED: lambda: experiment.fused,
         FUSED_COMPILE: lambda: compile_model(experiment.fused, device),
     }
+    if variant in experiment.extra_variants:
+        return experiment.extra_variants[variant]
     return models[variant]()

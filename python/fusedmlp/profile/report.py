@@ -11,13 +11,15 @@ from pathlib import Path
 
 import torch
 
-from fusedmlp.profile_measure import ExperimentResult, VariantResult
-from fusedmlp.profile_reading import (
+from fusedmlp.profile.measure import ExperimentResult, VariantResult
+from fusedmlp.profile.optree import tree_text
+from fusedmlp.profile.reading import (
     describe_ops,
     experiment_reading,
     format_count,
     format_ms,
 )
+from fusedmlp.tools.memory import format_mib
 
 KERNEL_NAME_CHARS = 90
 TABLE_HEADERS = (
@@ -30,7 +32,13 @@ TABLE_HEADERS = (
     "wall ms/fwd",
     "speedup (wall)",
     "first call s",
+    "peak fwd MiB",
+    "saved for bwd MiB",
 )
+
+
+def timeline_file(experiment: str) -> str:
+    return f"timeline-{experiment}.png"
 
 
 def cpu_model() -> str:
@@ -86,6 +94,8 @@ def table_row(result: VariantResult, eager: VariantResult) -> tuple[str, ...]:
         format_ms(result.wall.median_ms),
         f"{speedup:.2f}x",
         f"{result.first_call_s:.2f}",
+        format_mib(result.memory.inference_peak_bytes),
+        format_mib(result.memory.saved_for_backward_bytes),
     )
 
 
@@ -123,6 +133,18 @@ def input_shape_text(experiment: ExperimentResult) -> str:
     return "(" + ", ".join(str(size) for size in experiment.input_shape) + ")"
 
 
+def op_tree_lines(result: VariantResult) -> list[str]:
+    calls = format_count(sum(result.counts.all_ops.values()))
+    return [
+        f"{result.variant} ({calls} operator calls per forward):",
+        "",
+        "```text",
+        tree_text(result.op_tree),
+        "```",
+        "",
+    ]
+
+
 def experiment_section(experiment: ExperimentResult) -> str:
     lines = [
         f"## {experiment.name}: {experiment.description}, input {input_shape_text(experiment)}",
@@ -134,6 +156,19 @@ def experiment_section(experiment: ExperimentResult) -> str:
     ]
     for result in experiment.variants:
         lines.extend(variant_details(result))
+    for variant, reason in experiment.skipped.items():
+        lines.append(f"- {variant}: skipped: {reason}")
+    lines += [
+        "",
+        "Op tree of one forward (per forward over the profiled ones; total and self are host "
+        "times, GPU ms (on CUDA) its kernels; views, reshapes, allocations and as_strided "
+        "folded into their callers; shapes of the GEMMs' inputs):",
+        "",
+    ]
+    for result in experiment.variants:
+        lines.extend(op_tree_lines(result))
+    timeline = timeline_file(experiment.name)
+    lines += [f"One forward per variant, on one time axis: ![timeline]({timeline})"]
     lines += ["", "What changed:", ""]
     lines.extend(f"- {sentence}" for sentence in experiment_reading(experiment))
     traces = ", ".join(result.trace_file for result in experiment.variants)
@@ -156,7 +191,14 @@ def header(env: dict[str, str | int | float | None], settings: dict[str, object]
         "warm-up runs. Op and kernel counts, CPU and GPU time: torch.profiler over "
         f"{settings['profile_steps']} forwards. CPU time is the median host time of a forward "
         "under the profiler; GPU time sums the device kernels' durations. Speedup is "
-        "eager's wall time over the variant's."
+        "eager's wall time over the variant's. Memory, above the inputs and weights: the peak "
+        "of one inference forward (its output included), and what one forward with autograd "
+        "saves for backward (what it leaves allocated, less its output); "
+        + (
+            "from torch.cuda's allocator statistics."
+            if str(settings["device"]).startswith("cuda")
+            else "from torch.profiler's CPU allocation records."
+        )
     )
     return f"# fusedmlp profile: eager vs torch.compile vs fused\n\n{setup}\n\n{method}"
 
@@ -169,7 +211,7 @@ def summary_markdown(
 ) -> str:
     sections = [header(env, settings)]
     sections.extend(experiment_section(experiment) for experiment in experiments)
-    sections.append(f"![time and ops per forward]({chart_file})")
+    sections.append(f"![time, ops and memory per forward]({chart_file})")
     return "\n\n".join(sections) + "\n"
 
 
@@ -194,6 +236,9 @@ def variant_json(result: VariantResult) -> dict[str, object]:
         "wall_ms_min": result.wall.min_ms,
         "wall_ms_max": result.wall.max_ms,
         "first_call_s": result.first_call_s,
+        "inference_peak_bytes": result.memory.inference_peak_bytes,
+        "saved_for_backward_bytes": result.memory.saved_for_backward_bytes,
+        "op_tree": [node.as_json() for node in result.op_tree],
     }
 
 
@@ -203,6 +248,8 @@ def experiment_json(experiment: ExperimentResult) -> dict[str, object]:
         "input_shape": list(experiment.input_shape),
         "tokens": math.prod(experiment.input_shape[:-1]),
         "variants": {result.variant: variant_json(result) for result in experiment.variants},
+        "skipped_variants": experiment.skipped,
+        "timeline_file": timeline_file(experiment.name),
         "reading": experiment_reading(experiment),
     }
 

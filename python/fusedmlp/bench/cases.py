@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .convert import convert
-from .eager_blocks import GatedBlock, linear_chain
-from .modules import FusedGatedMLP
+from fusedmlp.convert import convert
+from fusedmlp.modules import FusedGatedMLP
+from fusedmlp.tools.eager_blocks import GatedBlock, linear_chain
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Callable
 
-from fusedmlp.profile_experiments import COMPILE, FUSED_COMPILE
-from fusedmlp.profile_measure import ExperimentResult, VariantResult
+from fusedmlp.profile.experiments import COMPILE, FUSED_COMPILE
+from fusedmlp.profile.measure import ExperimentResult, VariantResult
+from fusedmlp.tools.memory import format_mib
 
 # A change in time under this fraction is reported as "about the same": runs on a shared
 # machine drift by a few percent.
@@ -133,17 +135,45 @@ def generated_cpu_kernels_phrase(before: VariantResult, after: VariantResult) ->
     return f"Inductor's generated C++ runs {describe_ops(after_kernels)}"
 
 
-def time_phrase(label: str, before_ms: float, after_ms: float) -> str:
-    values = f"{format_ms(before_ms)} → {format_ms(after_ms)} ms"
-    if min(before_ms, after_ms) <= 0:
+def change_phrase(
+    label: str, before: float, after: float, formatted: Callable[[float], str], unit: str
+) -> str:
+    values = f"{formatted(before)} → {formatted(after)} {unit}"
+    if before == after:
+        return f"{label} stayed at {formatted(after)} {unit}"
+    if min(before, after) <= 0:
         return f"{label} went {values}"
-    change = after_ms / before_ms - 1
+    change = after / before - 1
     if abs(change) < TIME_NOISE:
         return f"{label} stayed about the same ({values})"
     verb = "fell" if change < 0 else "rose"
-    factor = max(before_ms, after_ms) / min(before_ms, after_ms)
+    factor = max(before, after) / min(before, after)
     amount = f"{factor:.1f}x" if factor >= FACTOR_WORDING_FROM else f"{abs(change):.0%}"
     return f"{label} {verb} {amount} ({values})"
+
+
+def time_phrase(label: str, before_ms: float, after_ms: float) -> str:
+    return change_phrase(label, before_ms, after_ms, format_ms, "ms")
+
+
+def memory_phrases(before: VariantResult, after: VariantResult) -> list[str]:
+    old, new = before.memory, after.memory
+    return [
+        change_phrase(
+            "peak forward memory",
+            old.inference_peak_bytes,
+            new.inference_peak_bytes,
+            format_mib,
+            "MiB",
+        ),
+        change_phrase(
+            "memory saved for backward",
+            old.saved_for_backward_bytes,
+            new.saved_for_backward_bytes,
+            format_mib,
+            "MiB",
+        ),
+    ]
 
 
 def step_reading(before: VariantResult, after: VariantResult) -> str:
@@ -163,6 +193,7 @@ def step_reading(before: VariantResult, after: VariantResult) -> str:
     parts.append(time_phrase("CPU time", before_counts.cpu_ms, after_counts.cpu_ms))
     if before_counts.device_ms is not None and after_counts.device_ms is not None:
         parts.append(time_phrase("GPU time", before_counts.device_ms, after_counts.device_ms))
+    parts += memory_phrases(before, after)
     if after.variant in (COMPILE, FUSED_COMPILE):
         parts.append(f"its first call, compiling included, took {after.first_call_s:.1f} s")
     reading = f"{before.variant} → {after.variant}: " + "; ".join(filter(None, parts)) + "."
@@ -178,6 +209,7 @@ def bottom_line(experiment: ExperimentResult) -> str:
     eager = experiment.eager
     fastest = min(experiment.variants, key=lambda result: result.wall.median_ms)
     fewest_ops = min(experiment.variants, key=lambda result: result.ops_per_forward)
+    leanest = min(experiment.variants, key=lambda result: result.memory.inference_peak_bytes)
     speedup = eager.wall.median_ms / fastest.wall.median_ms
     mismatched = [
         result.variant for result in experiment.variants if not result.check.matches_eager
@@ -190,9 +222,18 @@ def bottom_line(experiment: ExperimentResult) -> str:
     fastest_text = (
         "eager itself" if fastest is eager else f"{fastest.variant} ({speedup:.2f}x eager)"
     )
+    eager_peak = eager.memory.inference_peak_bytes
+    leanest_peak = leanest.memory.inference_peak_bytes
+    share = f", {leanest_peak / eager_peak:.0%} of eager's" if eager_peak else ""
+    leanest_text = (
+        f"{leanest.variant} ({format_mib(leanest_peak)} MiB{share})"
+        if leanest_peak < eager_peak
+        else f"eager itself ({format_mib(eager_peak)} MiB)"
+    )
     return (
         f"Fastest by wall time: {fastest_text}; fewest ops per "
-        f"forward: {fewest_ops.variant} ({format_count(fewest_ops.ops_per_forward)}); {matching}."
+        f"forward: {fewest_ops.variant} ({format_count(fewest_ops.ops_per_forward)}); "
+        f"lowest peak forward memory: {leanest_text}; {matching}."
     )
 
 

@@ -3,9 +3,12 @@
     python -m fusedmlp.profile [--device cuda] [--experiments linear,mlp,gated] [--out DIR]
 
 Each experiment runs as eager PyTorch, torch.compile of it, our fused modules and torch.compile
-of those, all sharing one set of weights. For each variant it writes a Chrome/Perfetto trace
-and reports ops and kernels per forward, CPU, GPU and wall time per forward, and whether the
-output matches eager; then summary.json, summary.md and a chart.
+of those (and, for the gated block on CUDA, Liger's GEGLU MLP when liger_kernel imports), all
+sharing one set of weights. For each variant it writes a Chrome/Perfetto trace and reports ops
+and kernels per forward, the operator tree of a forward, CPU, GPU and wall time per forward,
+memory above the inputs and weights (peak of an inference forward, saved for backward), and
+whether the output matches eager; then summary.json, summary.md, a chart and one timeline
+picture per experiment (every variant's forward on one time axis).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from fusedmlp.profile_chart import write_chart
-from fusedmlp.profile_experiments import (
+from fusedmlp.profile.chart import write_chart
+from fusedmlp.profile.experiments import (
     ALL_VARIANTS,
     COMPILE,
     EXPERIMENTS,
@@ -30,7 +33,7 @@ from fusedmlp.profile_experiments import (
     default_tokens,
     variant_model,
 )
-from fusedmlp.profile_measure import (
+from fusedmlp.profile.measure import (
     ExperimentResult,
     VariantResult,
     check_output,
@@ -38,8 +41,16 @@ from fusedmlp.profile_measure import (
     time_forward,
     warm_up,
 )
-from fusedmlp.profile_reading import format_ms
-from fusedmlp.profile_report import environment, summary_markdown, write_summary_json
+from fusedmlp.profile.reading import format_ms
+from fusedmlp.profile.report import (
+    environment,
+    summary_markdown,
+    timeline_file,
+    write_summary_json,
+)
+from fusedmlp.profile.timeline import write_timeline
+from fusedmlp.tools.memory import ForwardMemory, measure_call, saved_for_backward
+from fusedmlp.tools.plotting import require_matplotlib
 
 DTYPES = {
     "float32": torch.float32,
@@ -211,37 +222,65 @@ def run_variant(
     compiled = variant in (COMPILE, FUSED_COMPILE)
     log(f"{prefix}: {'compiling' if compiled else 'warming up'}...")
     model = variant_model(experiment, variant, device)
-    first_call_s = warm_up(model, inputs, settings.warmup, device)
-    check = check_output(model(inputs), reference)
-    log(f"{prefix}: profiling {settings.profile_steps} forwards...")
-    trace_file = f"{experiment.name}-{variant.replace('+', '-')}.json"
-    counts = profile_forward(
-        model, inputs, settings.profile_steps, device, settings.out / trace_file
-    )
-    log(f"{prefix}: timing {settings.iters} forwards...")
-    wall = time_forward(model, inputs, settings.iters, device)
+    with torch.inference_mode():
+        first_call_s = warm_up(model, inputs, settings.warmup, device)
+        output, inference = measure_call(lambda: model(inputs), device)
+        check = check_output(output, reference)
+        log(f"{prefix}: profiling {settings.profile_steps} forwards...")
+        trace_file = f"{experiment.name}-{variant.replace('+', '-')}.json"
+        profiled = profile_forward(
+            model, inputs, settings.profile_steps, device, settings.out / trace_file
+        )
+        log(f"{prefix}: timing {settings.iters} forwards...")
+        wall = time_forward(model, inputs, settings.iters, device)
+    log(f"{prefix}: measuring the memory a forward saves for backward...")
+    saved = saved_for_backward(model, inputs, device, compiled)
+    memory = ForwardMemory(inference.peak_bytes, saved)
     matches = "matches eager" if check.matches_eager else "does NOT match eager"
     log(f"{prefix}: {format_ms(wall.median_ms)} ms per forward (median), {matches}")
-    return VariantResult(variant, trace_file, first_call_s, check, counts, wall)
+    return VariantResult(
+        variant,
+        trace_file,
+        first_call_s,
+        check,
+        profiled.counts,
+        profiled.op_tree,
+        profiled.timeline,
+        memory,
+        wall,
+    )
+
+
+def experiment_variants(experiment: Experiment, settings: StudySettings) -> tuple[str, ...]:
+    return settings.variants + tuple(experiment.extra_variants)
 
 
 def run_study(settings: StudySettings) -> list[ExperimentResult]:
-    total = len(settings.experiments) * len(settings.variants)
-    results = []
-    for experiment_index, name in enumerate(settings.experiments):
+    experiments = []
+    for name in settings.experiments:
         tokens = settings.tokens or default_tokens(name, settings.device)
-        experiment = build_experiment(
-            name, tokens, settings.device, settings.dtype, settings.mlp_activation
+        experiments.append(
+            build_experiment(name, tokens, settings.device, settings.dtype, settings.mlp_activation)
         )
+    total = sum(len(experiment_variants(experiment, settings)) for experiment in experiments)
+    step, results = 0, []
+    for experiment in experiments:
         shape = tuple(experiment.inputs.shape)
-        log(f"{name}: {experiment.description}; input {shape}, {settings.dtype}")
-        reference = experiment.eager(experiment.inputs)
+        log(f"{experiment.name}: {experiment.description}; input {shape}, {settings.dtype}")
+        for variant, reason in experiment.skipped.items():
+            log(f"{experiment.name}: skipping {variant}: {reason}")
+        with torch.inference_mode():
+            reference = experiment.eager(experiment.inputs)
         variant_results = []
-        for variant_index, variant in enumerate(settings.variants):
-            step = experiment_index * len(settings.variants) + variant_index + 1
-            prefix = f"[{step}/{total}] {name} / {variant}"
+        for variant in experiment_variants(experiment, settings):
+            step += 1
+            prefix = f"[{step}/{total}] {experiment.name} / {variant}"
             variant_results.append(run_variant(experiment, variant, reference, settings, prefix))
-        results.append(ExperimentResult(name, experiment.description, shape, variant_results))
+        results.append(
+            ExperimentResult(
+                experiment.name, experiment.description, shape, variant_results, experiment.skipped
+            )
+        )
     return results
 
 
@@ -253,9 +292,11 @@ def warn_if_overloaded(env: dict[str, str | int | float | None]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
+    require_matplotlib("python -m fusedmlp.profile")
     settings.out.mkdir(parents=True, exist_ok=True)
-    with torch.inference_mode():
-        experiments = run_study(settings)
+    # Each variant runs its forwards under inference_mode, but the weights are made outside it:
+    # the memory a forward saves for backward needs weights that autograd can use.
+    experiments = run_study(settings)
     env = environment(settings.device)
     warn_if_overloaded(env)
     settings_json = settings.as_json()
@@ -264,13 +305,17 @@ def main(argv: list[str] | None = None) -> int:
     write_summary_json(settings.out / SUMMARY_JSON, env, settings_json, experiments)
     title = f"fusedmlp profile, {settings_json['device']} {settings_json['dtype']}"
     write_chart(settings.out / CHART_FILE, experiments, title)
+    for experiment in experiments:
+        lanes = [(result.variant, result.timeline) for result in experiment.variants]
+        write_timeline(
+            settings.out / timeline_file(experiment.name),
+            f"{experiment.name}: one forward per variant ({title})",
+            lanes,
+        )
     print(summary)
     print(
-        f"Wrote {SUMMARY_MD}, {SUMMARY_JSON}, {CHART_FILE} and one trace per variant "
-        f"to {settings.out.resolve()}"
+        f"Wrote {SUMMARY_MD}, {SUMMARY_JSON}, {CHART_FILE}, one timeline per experiment and "
+        f"one trace per variant to {settings.out.resolve()}"
     )
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

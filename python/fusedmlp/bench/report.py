@@ -6,6 +6,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fusedmlp.tools.memory import format_mib
+from fusedmlp.tools.plotting import pyplot
+
 VARIANTS = ("eager", "compile", "fused")
 
 
@@ -18,6 +21,8 @@ class CaseResult:
     flops: int
     gemm_bound: bool
     median_s: dict[str, float] = field(default_factory=dict)  # per variant
+    # per variant: inference_peak_bytes, saved_for_backward_bytes (tools/memory.py)
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def ratio(self, variant: str) -> float | None:
         """fused time / variant time: below 1 means fused is faster."""
@@ -49,9 +54,16 @@ def _number(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def _mib_per_variant(result: CaseResult, key: str) -> str:
+    """The variants' MiB in VARIANTS order, joined by "/" (e.g. eager/compile/fused)."""
+    values = [result.memory[v][key] for v in VARIANTS if v in result.memory]
+    return "/".join(format_mib(value) for value in values) or "-"
+
+
 def format_table(results: list[CaseResult], peak_gflops: float | None) -> str:
+    variants = "/".join(v[0] for v in VARIANTS if any(v in r.memory for r in results))
     header = ["case", "eager ms", "compile ms", "fused ms", "fused/eager", "fused/compile",
-              "fused GFLOP/s", "% peak"]
+              "fused GFLOP/s", "% peak", f"peak fwd MiB {variants}", f"saved bwd MiB {variants}"]
     rows = [header]
     for r in results:
         fused = r.gflops("fused")
@@ -65,6 +77,8 @@ def format_table(results: list[CaseResult], peak_gflops: float | None) -> str:
             _number(r.ratio("compile"), "{:.2f}x"),
             _number(fused, "{:.1f}"),
             _number(peak, "{:.0f}%"),
+            _mib_per_variant(r, "inference_peak_bytes"),
+            _mib_per_variant(r, "saved_for_backward_bytes"),
         ])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
@@ -81,11 +95,7 @@ def write_json(path: Path, machine: dict, results: list[CaseResult]) -> None:
 
 def write_plot(path: Path, results: list[CaseResult], title: str) -> None:
     """Bars of fused time / eager and / compile time per case; the line at 1 is parity."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = [r.name for r in results]
     figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.5))
     width = 0.38

@@ -5,9 +5,11 @@
 
 Times every case with torch.utils.benchmark (warm-up, CUDA sync, medians; the three variants
 take turns in rounds so that drifting machine load biases none of them), prints a table of
-medians and of fused/eager and fused/compile time ratios, and writes bench.json and bench.png
-into --out. GEMM-bound cases also report GFLOP/s as a fraction of this machine's peak,
-measured at the start by a small C FMA loop (bench_peak.py) on as many threads as torch uses.
+medians and of fused/eager and fused/compile time ratios, and each variant's memory above its
+inputs and weights (the peak of one inference forward, and what a forward with autograd saves
+for backward), and writes bench.json and bench.png into --out. GEMM-bound cases also report
+GFLOP/s as a fraction of this machine's peak, measured at the start by a small C FMA loop
+(peak.py) on as many threads as torch uses.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.utils.benchmark as benchmark
 
-from . import _C
-from .bench_cases import (
+from fusedmlp import _C
+from fusedmlp.bench.cases import (
     CASES,
     Case,
     build_modules,
@@ -34,9 +37,11 @@ from .bench_cases import (
     make_input,
     training_call,
 )
-from .bench_peak import measure_peak_gflops
-from .bench_report import CaseResult, format_table, write_json, write_plot
-from .registry import DEVICE_DTYPES
+from fusedmlp.bench.peak import measure_peak_gflops
+from fusedmlp.bench.report import CaseResult, format_table, write_json, write_plot
+from fusedmlp.registry import DEVICE_DTYPES
+from fusedmlp.tools.memory import forward_memory
+from fusedmlp.tools.plotting import require_matplotlib
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -87,17 +92,23 @@ def timed_runs(fn: Callable[[], object], min_run_time: float) -> list[float]:
     return list(timer.blocked_autorange(min_run_time=min_run_time).times)
 
 
-def variant_calls(case: Case, sizes: tuple[int, ...], x: torch.Tensor, device: str,
-                  dtype: torch.dtype, with_compile: bool) -> dict[str, Callable[[], object]]:
+def variant_modules(case: Case, sizes: tuple[int, ...], device: str, dtype: torch.dtype,
+                    with_compile: bool) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     eager, fused = build_modules(case, sizes, device, dtype)
     modules = {"eager": eager, "fused": fused}
     if with_compile:
         modules["compile"] = torch.compile(eager)
+    return modules
+
+
+def variant_calls(case: Case, modules: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+                  x: torch.Tensor) -> dict[str, Callable[[], object]]:
     if case.kind != "train":
         return {name: inference_call(m, x) for name, m in modules.items()}
     calls = {}
     for name, module in modules.items():
-        owner = fused if name == "fused" else eager
+        owner = modules["fused" if name == "fused" else "eager"]
+        assert isinstance(owner, torch.nn.Module)
         calls[name] = training_call(module, list(owner.parameters()), x)
     return calls
 
@@ -106,7 +117,8 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
     rows, sizes = case.shape(args.quick)
     dtype = DTYPES[args.dtype]
     x = make_input(rows, sizes, args.device, dtype)
-    calls = variant_calls(case, sizes, x, args.device, dtype, not args.no_compile)
+    modules = variant_modules(case, sizes, args.device, dtype, not args.no_compile)
+    calls = variant_calls(case, modules, x)
     result = CaseResult(case.name, case.description, rows, list(sizes),
                         forward_flops(case, rows, sizes), case.gemm_bound)
     min_run_time = args.min_run_time or (0.05 if args.quick else 1.0)
@@ -125,6 +137,11 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
         print(f"[{index}/{total}] {case.name}: round {round_index + 1}/{ROUNDS}: {medians}",
               file=sys.stderr, flush=True)
     result.median_s = {v: statistics.median(runs[v]) for v in variants}
+    for variant in variants:
+        memory = forward_memory(
+            modules[variant], x, torch.device(args.device), compiled=variant == "compile"
+        )
+        result.memory[variant] = asdict(memory)
     return result
 
 
@@ -152,6 +169,7 @@ def machine_description(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    require_matplotlib("python -m fusedmlp.bench")
     # Inductor's pool of compile worker processes would keep cores busy while we time.
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -177,6 +195,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

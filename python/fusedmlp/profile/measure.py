@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import Counter
@@ -13,6 +14,10 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from fusedmlp.profile.optree import OpNode, forward_tree
+from fusedmlp.profile.timeline import Timeline, forward_timeline
+from fusedmlp.tools.memory import ForwardMemory
 
 Model = Callable[..., torch.Tensor]
 
@@ -144,14 +149,39 @@ def count_events(
     )
 
 
+@dataclass(frozen=True)
+class ForwardProfile:
+    counts: ProfileCounts
+    op_tree: list[OpNode]
+    timeline: Timeline  # of the profiled forward of median CPU time
+
+
+def median_forward_timeline(forwards: list[FunctionEvent], events: list[FunctionEvent],
+                            device: torch.device) -> Timeline:
+    """The timeline of the forward of median CPU time: one forward, not an outlier of a shared
+    machine. Its GPU kernels are those that start before the next forward does."""
+    forwards = sorted(forwards, key=lambda event: event.time_range.start)
+    by_duration = sorted(forwards, key=lambda event: event.time_range.elapsed_us())
+    forward = by_duration[len(by_duration) // 2]
+    if device.type != "cuda":
+        return forward_timeline(forward, None)
+    start = forward.time_range.start
+    later = [event.time_range.start for event in forwards if event.time_range.start > start]
+    end = min(later, default=math.inf)
+    kernels = [e for e in events if is_device_work(e) and start <= e.time_range.start < end]
+    return forward_timeline(forward, kernels)
+
+
 def profile_forward(
     model: Model,
     inputs: torch.Tensor,
     steps: int,
     device: torch.device,
     trace_path: Path,
-) -> ProfileCounts:
-    """Profiles `steps` forwards after the profiler's own wait/warm-up steps; writes the trace."""
+) -> ForwardProfile:
+    """Profiles `steps` forwards after the profiler's own wait/warm-up steps; writes the trace.
+    Each forward is followed by a device synchronisation, as in time_forward, so that each
+    forward's GPU kernels run before the next forward starts (the timeline needs that)."""
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -161,15 +191,19 @@ def profile_forward(
         schedule=schedule(wait=PROFILER_WAIT_STEPS, warmup=PROFILER_WARMUP_STEPS, active=steps),
         record_shapes=True,
     ) as profiler:
-        for step in range(total_steps):
+        for _ in range(total_steps):
             with record_function(FORWARD_LABEL):
                 model(inputs)
-            if step == total_steps - 1:
-                # Let the last kernels finish inside the active window, outside the forward.
-                synchronize(device)
+            synchronize(device)
             profiler.step()
     profiler.export_chrome_trace(str(trace_path))
-    return count_events(list(profiler.events()), steps, device)
+    events = list(profiler.events())
+    forwards = [event for event in events if event.name == FORWARD_LABEL]
+    return ForwardProfile(
+        counts=count_events(events, steps, device),
+        op_tree=forward_tree(forwards, device.type == "cuda"),
+        timeline=median_forward_timeline(forwards, events, device),
+    )
 
 
 def time_forward(model: Model, inputs: torch.Tensor, iters: int, device: torch.device) -> WallTime:
@@ -190,6 +224,9 @@ class VariantResult:
     first_call_s: float
     check: OutputCheck
     counts: ProfileCounts
+    op_tree: list[OpNode]
+    timeline: Timeline
+    memory: ForwardMemory
     wall: WallTime
 
     @property
@@ -208,6 +245,7 @@ class ExperimentResult:
     description: str
     input_shape: tuple[int, ...]
     variants: list[VariantResult]
+    skipped: dict[str, str]  # variant -> why it did not run
 
     @property
     def eager(self) -> VariantResult:

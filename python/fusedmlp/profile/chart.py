@@ -1,11 +1,14 @@
-"""The chart of `python -m fusedmlp.profile`: time and ops/kernels per forward, per variant."""
+"""The chart of `python -m fusedmlp.profile`: time, ops/kernels and memory per forward, per
+variant."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusedmlp.profile_measure import ExperimentResult
+from fusedmlp.profile.measure import ExperimentResult
+from fusedmlp.tools.memory import MIB
+from fusedmlp.tools.plotting import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -45,15 +48,20 @@ def count_series(experiment: ExperimentResult) -> dict[str, list[float]]:
     return series
 
 
-def write_chart(path: Path, experiments: list[ExperimentResult], title: str) -> None:
-    import matplotlib
+def memory_series(experiment: ExperimentResult) -> dict[str, list[float]]:
+    memories = [result.memory for result in experiment.variants]
+    return {
+        "peak forward": [memory.inference_peak_bytes / MIB for memory in memories],
+        "saved for backward": [memory.saved_for_backward_bytes / MIB for memory in memories],
+    }
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def write_chart(path: Path, experiments: list[ExperimentResult], title: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
+    plt = pyplot()
     figure, axes = plt.subplots(
-        2, len(experiments), figsize=(4.5 * len(experiments), 7), squeeze=False
+        3, len(experiments), figsize=(4.5 * len(experiments), 10), squeeze=False
     )
     for column, experiment in enumerate(experiments):
         labels = [result.variant for result in experiment.variants]
@@ -65,6 +73,9 @@ def write_chart(path: Path, experiments: list[ExperimentResult], title: str) -> 
         grouped_bars(count_axes, labels, count_series(experiment))
         count_axes.yaxis.set_major_locator(MaxNLocator(integer=True))
         count_axes.set_ylabel("ops / kernels per forward")
+        memory_axes = axes[2][column]
+        grouped_bars(memory_axes, labels, memory_series(experiment))
+        memory_axes.set_ylabel("MiB above inputs and weights")
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

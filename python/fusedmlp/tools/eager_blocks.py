@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .activations import activation_module
+from fusedmlp.activations import activation_module
 
 
 class GatedBlock(nn.Module):

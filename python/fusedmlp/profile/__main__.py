@@ -1,0 +1,3 @@
+from fusedmlp.profile.cli import main
+
+raise SystemExit(main())
