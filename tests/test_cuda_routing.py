@@ -9,25 +9,14 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-FLAGS = [
-    "-std=c11",
-    "-g",
-    "-O1",
-    "-Wall",
-    "-Wextra",
-    "-Werror",
-    "-fsanitize=address,undefined",
-    "-fno-sanitize-recover=all",
-    f"-I{ROOT / 'csrc' / 'include'}",
-]
+from c_build import COMMON, ROOT
 
 
 def test_cuda_routing_decisions(tmp_path: Path) -> None:
     binary = tmp_path / "test_cuda_routing"
     sources = [ROOT / "tests" / "c" / "test_cuda_routing.c", ROOT / "csrc" / "cuda" / "routing.c"]
     build = subprocess.run(
-        ["gcc", *FLAGS, *map(str, sources), "-o", str(binary)], capture_output=True, text=True
+        ["gcc", *COMMON, *map(str, sources), "-o", str(binary)], capture_output=True, text=True
     )
     assert build.returncode == 0, build.stdout + build.stderr
     result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
