@@ -109,7 +109,10 @@ def require_aarch64_tools() -> None:
     """Skips without the cross tools, with the reason, except in CI, which must run them."""
     missing = [tool for tool in (AARCH64.compiler, AARCH64.runner[0]) if shutil.which(tool) is None]
     if missing and os.environ.get("CI") != "true":
-        pytest.skip(f"needs {missing} (apt-get install gcc-aarch64-linux-gnu qemu-user)")
+        pytest.skip(
+            f"needs {missing}: scripts/setup.sh test installs them (apt-get install "
+            "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)"
+        )
     assert not missing, f"CI must run the aarch64 tests: {missing} not installed"
 
 
