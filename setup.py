@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import re
 import shutil
 import site
@@ -89,30 +90,55 @@ def cublaslt_location() -> tuple[str, str, list[str]]:
     )
 
 
-def cpu_isa_registry() -> tuple[dict[str, list[str]], dict[str, str]]:
+def target_architecture() -> str:
+    """This machine's architecture as the registry's features tell ISAs apart."""
+    machine = platform.machine().lower()
+    return {"x86_64": "x86", "amd64": "x86", "i386": "x86", "i686": "x86", "arm64": "aarch64"}.get(
+        machine, machine
+    )
+
+
+def isa_architecture(features: str) -> str | None:
+    """The architecture of an ISA from the features its registry entry names (None: any)."""
+    if "FMLP_ARM_FEATURE(" in features:
+        return "aarch64"
+    return "x86" if "FMLP_FEATURE(" in features else None
+
+
+def cpu_isa_registry() -> tuple[dict[str, list[str]], dict[str, str], set[str]]:
     """The registry csrc/include/fusedmlp/cpu_isas.def, read without a C compiler: each
-    ISA's name -> compiler flags, and each kernel unit's source -> its ISA's name."""
+    ISA's name -> compiler flags and each kernel unit's source -> its ISA's name, for the
+    ISAs of this machine's architecture (api.c dispatches to those only), and every unit's
+    source."""
     text = (ROOT / "csrc" / "include" / "fusedmlp" / "cpu_isas.def").read_text()
-    isas = re.findall(r'^FMLP_ISA\((\w+), (\w+), "([^"]*)",', text, re.MULTILINE)
-    names = {isa_id: name for isa_id, name, _ in isas}
-    flags = {name: isa_flags.split() for _, name, isa_flags in isas}
+    isas = re.findall(r'^FMLP_ISA\((\w+), (\w+), "([^"]*)",(.*)\)$', text, re.MULTILINE)
+    here = {
+        isa_id: (name, isa_flags.split())
+        for isa_id, name, isa_flags, features in isas
+        if isa_architecture(features) in (None, target_architecture())
+    }
     units = re.findall(r"^FMLP_KERNELS\(\w+, (\w+), (\w+)\)", text, re.MULTILINE)
-    return flags, {f"csrc/cpu/kernels_{suffix}.c": names[isa_id] for isa_id, suffix in units}
+    sources = {isa_id: f"csrc/cpu/kernels_{suffix}.c" for isa_id, suffix in units}
+    return (
+        dict(here.values()),
+        {source: here[isa_id][0] for isa_id, source in sources.items() if isa_id in here},
+        set(sources.values()),
+    )
 
 
 # The kernel units of each instruction set are built into their own static
 # library with that ISA's flags; everything else (API, ISA choice, the
-# portable units) is built for any x86-64 CPU. The API picks an ISA at run
-# time from CPUID. The CUDA path's plain-C decisions make one more library.
+# units built without flags) is built for any CPU of the architecture. Units
+# of another architecture's ISAs are not built. The API picks an ISA at run
+# time from CPUID (x86) or HWCAP (aarch64). The CUDA path's plain-C decisions
+# make one more library.
 def kernel_libraries() -> list[tuple[str, dict]]:
     cpu_dir = ROOT / "csrc" / "cpu"
-    isa_flags, unit_isas = cpu_isa_registry()
+    isa_flags, unit_isas, all_units = cpu_isa_registry()
     isa_sources = {source: isa for source, isa in unit_isas.items() if isa_flags[isa]}
-    portable = sorted(
-        str(p.relative_to(ROOT))
-        for p in cpu_dir.glob("*.c")
-        if str(p.relative_to(ROOT)) not in isa_sources
-    )
+    shared = [str(p.relative_to(ROOT)) for p in cpu_dir.glob("*.c")]
+    flagless_units = [source for source in unit_isas if source not in isa_sources]
+    portable = sorted([source for source in shared if source not in all_units] + flagless_units)
     flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-fno-math-errno"]
     # obj_deps: every kernel includes the templates and headers, which
     # build_clib would otherwise not know to recompile for.

@@ -1,12 +1,16 @@
 """Builds plain-C kernel test programs (no torch) with AddressSanitizer and UBSan, each
 registered ISA's kernel units compiled with the flags setup.py gives them (both read the
-registry csrc/include/fusedmlp/cpu_isas.def), and runs them per instruction set."""
+registry csrc/include/fusedmlp/cpu_isas.def), and runs them per instruction set: natively,
+or cross-compiled for aarch64 and run under qemu-user (AARCH64)."""
 
 from __future__ import annotations
 
 import os
+import platform
 import re
+import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +26,6 @@ COMMON = [
     "-Wall",
     "-Wextra",
     "-Werror",
-    *SANITIZE,
     f"-I{ROOT / 'csrc' / 'include'}",
     f"-I{CPU_DIR}",
 ]
@@ -38,6 +41,20 @@ def registry_isas() -> list[tuple[str, str, tuple[str, ...]]]:
     return [(isa_id, name, tuple(flags.split())) for isa_id, name, flags in lines]
 
 
+def registry_architectures() -> dict[str, str | None]:
+    """Each ISA's name -> the architecture whose features it names (None: any), as
+    setup.py and api.c tell them apart."""
+    lines = re.findall(r"^FMLP_ISA\((\w+), (\w+), .*,(.*)\)$", REGISTRY.read_text(), re.MULTILINE)
+    return {
+        name: "aarch64"
+        if "FMLP_ARM_FEATURE(" in features
+        else "x86"
+        if "FMLP_FEATURE(" in features
+        else None
+        for _, name, features in lines
+    }
+
+
 def registry_units() -> list[tuple[str, str, str]]:
     """(DTYPE, ISA_ID, suffix) of each FMLP_KERNELS line of the registry, in its order."""
     return re.findall(r"^FMLP_KERNELS\((\w+), (\w+), (\w+)\)", REGISTRY.read_text(), re.MULTILINE)
@@ -51,24 +68,102 @@ def kernel_unit_sources() -> dict[Path, str]:
     }
 
 
+@dataclass(frozen=True)
+class CTarget:
+    """Where the C tests are built for and how their binaries run there."""
+
+    architecture: str  # as registry_architectures() names it
+    compiler: str
+    flags: tuple[str, ...]  # sanitizers and their optimization
+    runner: tuple[str, ...]  # the command line's prefix
+
+    def units(self) -> dict[Path, str]:
+        """The kernel units of this architecture's ISAs (the ones api.c dispatches to)."""
+        architectures = registry_architectures()
+        return {
+            path: isa
+            for path, isa in kernel_unit_sources().items()
+            if architectures[isa] in (None, self.architecture)
+        }
+
+
+_MACHINE = platform.machine().lower()
+NATIVE = CTarget(
+    "aarch64" if _MACHINE in ("aarch64", "arm64") else "x86",
+    "gcc",
+    tuple(SANITIZE),
+    (),
+)
+# Debian's cross compiler and user-mode emulator (scripts/setup.sh installs them). qemu-user
+# cannot host AddressSanitizer's shadow memory, so UBSan alone checks there, at -O2: the
+# emulation is ~10-30x slower than the CPU.
+AARCH64 = CTarget(
+    "aarch64",
+    "aarch64-linux-gnu-gcc",
+    ("-O2", "-fsanitize=undefined", "-fno-sanitize-recover=all"),
+    ("qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"),
+)
+
+
+def require_aarch64_tools() -> None:
+    """Skips without the cross tools, with the reason, except in CI, which must run them."""
+    missing = [tool for tool in (AARCH64.compiler, AARCH64.runner[0]) if shutil.which(tool) is None]
+    if missing and os.environ.get("CI") != "true":
+        pytest.skip(
+            f"needs {missing}: scripts/setup.sh test installs them (apt-get install "
+            "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)"
+        )
+    assert not missing, f"CI must run the aarch64 tests: {missing} not installed"
+
+
 def run(command: list[str]) -> None:
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, " ".join(command) + "\n" + result.stdout + result.stderr
 
 
-def build_c_test(source: Path, output: Path, link_flags: tuple[str, ...] = ()) -> None:
+def build_c_test(
+    source: Path, output: Path, link_flags: tuple[str, ...] = (), target: CTarget = NATIVE
+) -> None:
     """Each ISA's kernel units become objects with that ISA's flags; the rest (the API, the
-    portable units) is built with none, as in setup.py."""
-    isa_units = {
-        path: isa for path, isa in kernel_unit_sources().items() if ISAS[isa].compile_flags
-    }
+    units built without flags) is built with none, as in setup.py."""
+    units = target.units()
+    flags = {name: flags for _, name, flags in registry_isas()}
     objects = []
-    for path, isa in isa_units.items():
-        obj = output.parent / f"{path.stem}.o"
-        run(["gcc", *COMMON, *ISAS[isa].compile_flags, "-c", str(path), "-o", str(obj)])
-        objects.append(str(obj))
-    portable = sorted(str(p) for p in CPU_DIR.glob("*.c") if p not in isa_units)
-    run(["gcc", *COMMON, str(source), *portable, *objects, "-lm", *link_flags, "-o", str(output)])
+    for path, isa in units.items():
+        if flags[isa]:
+            obj = output.parent / f"{path.stem}.o"
+            run(
+                [
+                    target.compiler,
+                    *COMMON,
+                    *target.flags,
+                    *flags[isa],
+                    "-c",
+                    str(path),
+                    "-o",
+                    str(obj),
+                ]
+            )
+            objects.append(str(obj))
+    others = sorted(
+        str(p)
+        for p in CPU_DIR.glob("*.c")
+        if p not in kernel_unit_sources() or (p in units and not flags[units[p]])
+    )
+    run(
+        [
+            target.compiler,
+            *COMMON,
+            *target.flags,
+            str(source),
+            *others,
+            *objects,
+            "-lm",
+            *link_flags,
+            "-o",
+            str(output),
+        ]
+    )
 
 
 def isa_environment(isa: str) -> dict[str, str]:

@@ -22,13 +22,38 @@ typedef struct {
 /* Every fmlp_dtype value indexes the table. */
 #define DTYPE_SLOTS (FMLP_F16 + 1)
 
-/* The registry's kernel units by dtype and ISA; a gap (chain == NULL) means no unit. */
+/* Whether an ISA belongs to the architecture this library is built for: a
+ * unit is built (setup.py) and dispatched only there, since the flags and
+ * intrinsics of another architecture's ISA do not compile here. An ISA is
+ * x86's if it names CPUID features, aarch64's if it names aarch64 ones. */
+#if defined(__x86_64__) || defined(__i386__)
+#define TARGET_X86 1
+#else
+#define TARGET_X86 0
+#endif
+#if defined(__aarch64__)
+#define TARGET_AARCH64 1
+#else
+#define TARGET_AARCH64 0
+#endif
+enum {
+#define FMLP_FEATURE(feature) &&TARGET_X86
+#define FMLP_ARM_FEATURE(feature) &&TARGET_AARCH64
+#define FMLP_ISA(id, name, flags, features) ON_TARGET_##id = 1 features,
+#include "fusedmlp/cpu_isas.def"
+};
+
+/* The registry's kernel units by dtype and ISA; a gap (chain == NULL) means
+ * no unit here. A unit of another architecture's ISA is folded away (the
+ * constant condition), so its symbols are never referenced. */
+#define UNIT(isa, entry) (ON_TARGET_##isa ? entry : NULL)
 static const precision_kernels kernel_units[DTYPE_SLOTS][FMLP_ISA_COUNT] = {
-#define FMLP_KERNELS(dtype, isa, suffix)                                                    \
-  [FMLP_##dtype][FMLP_ISA_##isa] = {                                                        \
-      fmlp_cpu_chain_##suffix, fmlp_cpu_gated_##suffix, fmlp_cpu_chain_backward_##suffix,   \
-      fmlp_cpu_gated_block_backward_##suffix, fmlp_cpu_activation_backward_##suffix,       \
-      fmlp_cpu_gated_backward_##suffix},
+#define FMLP_KERNELS(dtype, isa, suffix)                                                       \
+  [FMLP_##dtype][FMLP_ISA_##isa] = {                                                           \
+      UNIT(isa, fmlp_cpu_chain_##suffix), UNIT(isa, fmlp_cpu_gated_##suffix),                  \
+      UNIT(isa, fmlp_cpu_chain_backward_##suffix),                                             \
+      UNIT(isa, fmlp_cpu_gated_block_backward_##suffix),                                       \
+      UNIT(isa, fmlp_cpu_activation_backward_##suffix), UNIT(isa, fmlp_cpu_gated_backward_##suffix)},
 #include "fusedmlp/cpu_isas.def"
 };
 
@@ -38,10 +63,13 @@ static int valid_dtype(fmlp_dtype dtype) {
          kernel_units[dtype][FMLP_ISA_PORTABLE].chain != NULL;
 }
 
-/* The dtype's best unit at or below the ISA in use (valid dtypes only). */
+/* The dtype's best unit at or below the ISA in use that this CPU supports
+ * (valid dtypes only; PORTABLE always is). */
 static const precision_kernels *kernels_for(fmlp_dtype dtype) {
   int isa = (int)fmlp_cpu_isa_in_use();
-  while (kernel_units[dtype][isa].chain == NULL) --isa;
+  while (kernel_units[dtype][isa].chain == NULL || !fmlp_cpu_isa_supported((fmlp_cpu_isa)isa)) {
+    --isa;
+  }
   return &kernel_units[dtype][isa];
 }
 

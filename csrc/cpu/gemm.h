@@ -151,6 +151,8 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
 typedef void (*FN(tile_fn))(const void *context, const REAL *a_panel, int64_t row, int64_t col,
                             int64_t pc, int64_t kc, int64_t rows, int64_t cols);
 
+_Static_assert(GEMM_NC % GEMM_NR == 0, "a weight panel's place is col / GEMM_NR");
+
 static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
                               REAL *input_pack, FN(tile_fn) tile_fn, const void *context) {
   const REAL *x_data = x.data;

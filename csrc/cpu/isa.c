@@ -5,36 +5,70 @@
 
 #include "fusedmlp/cpu.h"
 
-fmlp_cpu_isa fmlp_cpu_isa_best(void) {
-  fmlp_cpu_isa best = FMLP_ISA_PORTABLE;
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+
+/* An aarch64 feature, named as /proc/cpuinfo names it, from the kernel's
+ * HWCAP bits (what a real CPU and qemu-user both report). */
+static int aarch64_has(const char *feature) {
+  static const struct {
+    const char *name;
+    unsigned long bit;
+  } hwcaps[] = {{"asimd", HWCAP_ASIMD}};
+  for (size_t i = 0; i < sizeof hwcaps / sizeof hwcaps[0]; ++i) {
+    if (strcmp(feature, hwcaps[i].name) == 0) return (getauxval(AT_HWCAP) & hwcaps[i].bit) != 0;
+  }
+  return 0;
+}
+#elif defined(__aarch64__)
+/* Without HWCAP to ask: AArch64 makes Advanced SIMD (asimd) part of the base ISA. */
+static int aarch64_has(const char *feature) { return strcmp(feature, "asimd") == 0; }
+#endif
+
+int fmlp_cpu_isa_supported(fmlp_cpu_isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init(); /* idempotent; needed if we run before libgcc's constructor */
   /* libgcc also checks that the OS saves the AVX / AVX-512 register state. */
 #define FMLP_FEATURE(feature) &&__builtin_cpu_supports(#feature)
+#define FMLP_ARM_FEATURE(feature) &&0
+#elif defined(__aarch64__)
+#define FMLP_FEATURE(feature) &&0
+#define FMLP_ARM_FEATURE(feature) &&aarch64_has(#feature)
 #else
-#define FMLP_FEATURE(feature) &&0 /* CPUID features are x86's */
+#define FMLP_FEATURE(feature) &&0
+#define FMLP_ARM_FEATURE(feature) &&0
 #endif
-  /* the registry lists ISAs in increasing order: the last supported one wins */
+  switch (isa) {
 #define FMLP_ISA(id, name, flags, features) \
-  if (1 features) best = FMLP_ISA_##id;
+  case FMLP_ISA_##id: return 1 features;
 #include "fusedmlp/cpu_isas.def"
+    case FMLP_ISA_COUNT: break;
+  }
+  return 0;
+}
+
+fmlp_cpu_isa fmlp_cpu_isa_best(void) {
+  /* the registry lists ISAs in increasing order: the last supported one wins */
+  fmlp_cpu_isa best = FMLP_ISA_PORTABLE;
+  for (int isa = 0; isa < FMLP_ISA_COUNT; ++isa) {
+    if (fmlp_cpu_isa_supported((fmlp_cpu_isa)isa)) best = (fmlp_cpu_isa)isa;
+  }
   return best;
 }
 
-static fmlp_cpu_isa isa_named(const char *name, fmlp_cpu_isa fallback) {
-  for (int isa = 0; isa < FMLP_ISA_COUNT; ++isa) {
-    if (strcmp(name, fmlp_cpu_isa_name((fmlp_cpu_isa)isa)) == 0) return (fmlp_cpu_isa)isa;
-  }
-  return fallback;
-}
-
 fmlp_cpu_isa fmlp_cpu_isa_in_use(void) {
-  const fmlp_cpu_isa best = fmlp_cpu_isa_best();
   const char *forced = getenv("FUSEDMLP_ISA");
-  if (forced == NULL || forced[0] == '\0') return best;
-  const fmlp_cpu_isa wanted = isa_named(forced, best);
-  /* Never run instructions the CPU lacks: a wish above the CPU gets the best it has. */
-  return wanted < best ? wanted : best;
+  if (forced != NULL && forced[0] != '\0') {
+    for (int isa = 0; isa < FMLP_ISA_COUNT; ++isa) {
+      /* Never run instructions the CPU lacks: a wish it cannot grant gets the best it has. */
+      if (strcmp(forced, fmlp_cpu_isa_name((fmlp_cpu_isa)isa)) == 0 &&
+          fmlp_cpu_isa_supported((fmlp_cpu_isa)isa)) {
+        return (fmlp_cpu_isa)isa;
+      }
+    }
+  }
+  return fmlp_cpu_isa_best();
 }
 
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa) {

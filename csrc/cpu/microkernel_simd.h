@@ -14,7 +14,7 @@
 #endif
 #define GEMM_KC 1024
 #define GEMM_MC (GEMM_MR * 4)
-#define GEMM_NC 1024
+#define GEMM_NC (1024 / GEMM_NR * GEMM_NR) /* whole panels: a tile never straddles NC */
 /* Up to this many rows the weight is read in place rather than packed
  * (chosen with `python -m fusedmlp.bench`: packing a weight costs about as
  * much as multiplying it by this many rows). */

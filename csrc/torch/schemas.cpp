@@ -100,7 +100,7 @@ static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
     const Entry &e = entries[i];
     const char *features = e.features[0] == ' ' ? e.features + 1 : e.features;
     PyObject *entry = Py_BuildValue("(sssO)", fmlp_cpu_isa_name(e.isa), e.flags, features,
-                                    e.isa <= fmlp_cpu_isa_best() ? Py_True : Py_False);
+                                    fmlp_cpu_isa_supported(e.isa) ? Py_True : Py_False);
     if (entry == nullptr) {
       Py_DECREF(result);
       return nullptr;
@@ -115,7 +115,7 @@ static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
 static const char kCpuIsaDoc[] =
     "The instruction set of the CPU kernels now, one of (best last):"
 #include "fusedmlp/cpu_isas.def"
-    "; FUSEDMLP_ISA forces a lower one.";
+    "; FUSEDMLP_ISA forces another one the CPU supports.";
 
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyMethodDef methods[] = {

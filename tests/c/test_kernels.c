@@ -512,15 +512,18 @@ static void test_invalid_arguments(tally *t) {
   if (!ok) fprintf(stderr, "FAIL invalid arguments not rejected\n");
 }
 
-int main(void) {
+/* test_kernels [f32]: with "f32", float only (the emulated aarch64 run, ~30x slower, where
+ * double runs the portable C that the native run checks, and the fuzzer covers it). */
+int main(int argc, char **argv) {
   tally t = {0, 0};
+  const int last_dtype = argc > 1 && strcmp(argv[1], "f32") == 0 ? FMLP_F32 : FMLP_F64;
   /* The harness checks that FUSEDMLP_ISA took effect. */
   printf("isa %s\n", fmlp_cpu_isa_name(fmlp_cpu_isa_in_use()));
   const fmlp_threading serial = {NULL, NULL, 1};
   const fmlp_threading chunked = {reversed_parallel_for, NULL, 4};
   const int64_t edge_sizes[] = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33};
   const size_t n_edge = sizeof edge_sizes / sizeof edge_sizes[0];
-  for (int dtype = FMLP_F32; dtype <= FMLP_F64; ++dtype) {
+  for (int dtype = FMLP_F32; dtype <= last_dtype; ++dtype) {
     for (size_t a = 0; a < n_edge; ++a) {
       for (size_t b = 0; b < n_edge; b += 2) {
         const int64_t m = edge_sizes[a], n = edge_sizes[b], k = edge_sizes[(a + b) % n_edge];

@@ -19,17 +19,23 @@ typedef enum {
   FMLP_ISA_COUNT
 } fmlp_cpu_isa;
 
-/* The best instruction set this CPU supports (CPUID), whatever FUSEDMLP_ISA says. */
+/* Whether this CPU runs an instruction set: its architecture and the
+ * features the registry names (x86: CPUID; aarch64 Linux: the kernel's
+ * HWCAP bits). */
+int fmlp_cpu_isa_supported(fmlp_cpu_isa isa);
+
+/* The best instruction set this CPU supports: the last supported one of the
+ * registry, whatever FUSEDMLP_ISA says. */
 fmlp_cpu_isa fmlp_cpu_isa_best(void);
 
 /* The instruction set the kernels use on this CPU: fmlp_cpu_isa_best(), or
  * the one the environment variable FUSEDMLP_ISA names (see
- * fmlp_cpu_isa_name), lowered to the best supported one if the CPU lacks it.
+ * fmlp_cpu_isa_name) if the CPU supports it (else the best one).
  * Computed on each call (CPUID is cached by libgcc; getenv is cheap), so no
  * state. Each dtype runs its best kernel unit at or below this one. */
 fmlp_cpu_isa fmlp_cpu_isa_in_use(void);
 
-/* The registry's name of an instruction set: "portable", "avx2", "avx512". */
+/* The registry's name of an instruction set: "portable", "vector", "avx2"... */
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa);
 
 /* Runs fn over the task range [0, n_tasks), split into chunks that may run

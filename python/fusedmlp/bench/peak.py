@@ -77,7 +77,7 @@ int main(int argc, char **argv) {
 
 def measure_peak_gflops(isa: str, threads: int) -> float | None:
     """Peak fp32 GFLOP/s on `threads` threads with the ISA's vectors; None where it cannot
-    be measured (no C compiler, the portable ISA, not x86)."""
+    be measured (no C compiler, an ISA built without flags: portable, vector, neon)."""
     compiler = shutil.which("gcc") or shutil.which("cc")
     flags = {entry.name: entry.compile_flags for entry in cpu_isas()}.get(isa)
     if compiler is None or not flags:

@@ -1,0 +1,112 @@
+/* The vector operations the float kernels are written in, for any CPU: GCC /
+ * Clang vector extensions, 128 bits (4 floats) a vector, which the compiler
+ * turns into NEON on aarch64, SSE2 on x86-64 and plain code where the target
+ * has no vectors. Included by the vector-extension units (kernels_f32_vector.c,
+ * kernels_f32_neon.c), which are built without ISA flags.
+ *
+ * The unit defines FMLP_VECTOR_REGISTERS first: the vector registers of the
+ * CPU it is tiled for (16 on x86-64, 32 on aarch64), which the compiler
+ * cannot tell us when the same source is built for another target. */
+#ifndef FUSEDMLP_CPU_SIMD_VECTOR_H
+#define FUSEDMLP_CPU_SIMD_VECTOR_H
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__ARM_NEON) && defined(__ARM_FEATURE_FMA)
+#include <arm_neon.h>
+#endif
+
+#ifndef FMLP_VECTOR_REGISTERS
+#error "a vector-extension unit defines FMLP_VECTOR_REGISTERS (its target's vector registers)"
+#endif
+#define FMLP_SIMD_WIDTH 4
+#define FMLP_SIMD_REGISTERS FMLP_VECTOR_REGISTERS
+
+typedef float vreal __attribute__((vector_size(16)));
+typedef int32_t vmask __attribute__((vector_size(16))); /* lanes all ones or all zeros */
+
+static inline vreal v_zero(void) { return (vreal){0.0f, 0.0f, 0.0f, 0.0f}; }
+static inline vreal v_set1(float x) { return (vreal){x, x, x, x}; }
+/* memcpy: unaligned, and no aliasing question; compilers emit one load. */
+static inline vreal v_load(const float *p) {
+  vreal v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void v_store(float *p, vreal v) { memcpy(p, &v, sizeof v); }
+/* The first n (0..4) lanes, the rest zero; nothing past n is read. */
+static inline vreal v_load_first(const float *p, int64_t n) {
+  vreal v = v_zero();
+  for (int64_t i = 0; i < n && i < FMLP_SIMD_WIDTH; ++i) v[i] = p[i];
+  return v;
+}
+static inline void v_store_first(float *p, vreal v, int64_t n) {
+  for (int64_t i = 0; i < n && i < FMLP_SIMD_WIDTH; ++i) p[i] = v[i];
+}
+static inline vreal v_add(vreal a, vreal b) { return a + b; }
+static inline vreal v_sub(vreal a, vreal b) { return a - b; }
+static inline vreal v_mul(vreal a, vreal b) { return a * b; }
+static inline vreal v_div(vreal a, vreal b) { return a / b; }
+/* a * b + c: NEON's fused multiply-add where the target has it (the C11
+ * build does not contract a * b + c by itself), else a multiply and an add. */
+static inline vreal v_fma(vreal a, vreal b, vreal c) {
+#if defined(__ARM_NEON) && defined(__ARM_FEATURE_FMA)
+  return vfmaq_f32(c, a, b);
+#else
+  return a * b + c;
+#endif
+}
+
+/* Bitwise view of the lanes, for selects and sign tricks. */
+static inline vmask v_bits(vreal a) { return (vmask)a; }
+static inline vreal v_from_bits(vmask m) { return (vreal)m; }
+/* where mask: if_true, else otherwise */
+static inline vreal v_select(vmask mask, vreal if_true, vreal otherwise) {
+  return v_from_bits((mask & v_bits(if_true)) | (~mask & v_bits(otherwise)));
+}
+/* max/min return their second operand when either is NaN (ordered compares
+ * are false): pass the value that must keep its NaN second. */
+static inline vreal v_max(vreal a, vreal b) { return v_select(a > b, a, b); }
+static inline vreal v_min(vreal a, vreal b) { return v_select(a < b, a, b); }
+static inline vreal v_abs(vreal a) { return v_from_bits(v_bits(a) & 0x7fffffff); }
+/* |magnitude| with the sign of sign_of. */
+static inline vreal v_copysign(vreal magnitude, vreal sign_of) {
+  return v_from_bits((v_bits(magnitude) & 0x7fffffff) | (v_bits(sign_of) & INT32_MIN));
+}
+/* To the nearest integer, ties to even (the default rounding mode): adding
+ * and subtracting 1.5 * 2^23 drops the fraction bits; from 2^22 on every float
+ * is already an integer and passes unchanged (so do inf and NaN). */
+static inline vreal v_round(vreal a) {
+  const vreal magic = v_set1(12582912.0f);
+  const vreal rounded = v_copysign((v_abs(a) + magic) - magic, a);
+  return v_select(v_abs(a) < v_set1(4194304.0f), rounded, a);
+}
+/* 2^n for integral n in [-126, 127], as a float. */
+static inline vreal v_pow2_int(vreal n) {
+  const vmask biased = __builtin_convertvector(n, vmask) + 127;
+  return v_from_bits(biased << 23);
+}
+/* where a > b (false for NaN): if_true, else otherwise. */
+static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal otherwise) {
+  return v_select(a > b, if_true, otherwise);
+}
+/* a <= b, false where either is NaN */
+static inline vreal v_select_less_equal(vreal a, vreal b, vreal if_true, vreal otherwise) {
+  return v_select(a <= b, if_true, otherwise);
+}
+
+static inline float v_sum(vreal a) { return (a[0] + a[2]) + (a[1] + a[3]); }
+
+/* r[i][j] = r[j][i] for a 4 x 4 block held as 4 rows. */
+static inline void v_transpose(vreal r[4]) {
+  const vreal t0 = __builtin_shufflevector(r[0], r[1], 0, 4, 1, 5);
+  const vreal t1 = __builtin_shufflevector(r[0], r[1], 2, 6, 3, 7);
+  const vreal t2 = __builtin_shufflevector(r[2], r[3], 0, 4, 1, 5);
+  const vreal t3 = __builtin_shufflevector(r[2], r[3], 2, 6, 3, 7);
+  r[0] = __builtin_shufflevector(t0, t2, 0, 1, 4, 5);
+  r[1] = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+  r[2] = __builtin_shufflevector(t1, t3, 0, 1, 4, 5);
+  r[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+}
+
+#endif /* FUSEDMLP_CPU_SIMD_VECTOR_H */
