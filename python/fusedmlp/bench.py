@@ -93,7 +93,7 @@ def variant_calls(case: Case, sizes: tuple[int, ...], x: torch.Tensor, device: s
     modules = {"eager": eager, "fused": fused}
     if with_compile:
         modules["compile"] = torch.compile(eager)
-    if case.kind != "train":
+    if not case.train:
         return {name: inference_call(m, x) for name, m in modules.items()}
     calls = {}
     for name, module in modules.items():
