@@ -166,19 +166,23 @@ def _plain(tensors: tuple) -> bool:
     return all(t is None or type(t) in (Tensor, torch.nn.Parameter) for t in tensors)
 
 
-def train_call(name: str, x: Tensor, weights: list[Tensor], biases: list, activation: str):
+def train_call(
+    name: str, x: Tensor, weights: Tensor | list[Tensor], biases: Tensor | list | None,
+    activation: str,
+):
     """fusedmlp::<name>_train(x, weights, biases, activation) (one weight and bias for
     linear), through its registered autograd or, in eager mode on plain tensors, through an
     autograd.Function with the same setup and backward: register_autograd's generic
     wrapper flattens and checks every input and gradient with pytree on each call, a fifth
     of a 16 x 256^3 ReLU training step's time (cProfile). Compiled graphs, tensor
-    subclasses (DTensor), dispatch modes and autocast keep the op."""
+    subclasses (DTensor), dispatch modes, autocast and other devices keep the op."""
     single = name == "linear"
     parameters = (weights, biases) if single else (*weights, *biases)
     if (
         torch.compiler.is_compiling()
         or not _plain((x, *parameters))
         or _get_current_dispatch_mode() is not None
+        or x.device.type not in ("cpu", "cuda")  # meta tensors: the op's own checks
         or torch.is_autocast_enabled(x.device.type)  # autocast casts above autograd
     ):
         return getattr(_ops, f"{name}_train")(x, weights, biases, activation)
