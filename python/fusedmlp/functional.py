@@ -126,7 +126,7 @@ def gated_mlp(
         check_tensor(name, tensor, optional=True)
     args = (x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation)
     if _needs_grad(*args[:-1]):
-        return _ops.gated_mlp_train(*args)[0]
+        return autograd.gated_train_call(*args)[0]
     return _without_autograd(_ops.gated_mlp.default, *args)
 
 
