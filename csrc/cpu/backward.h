@@ -139,6 +139,311 @@ static fmlp_status FN(grad_pre_pass)(FN(grad_pre_job) job, REAL *grad_bias,
   return FMLP_OK;
 }
 
+#if FMLP_TRANSPOSED_KERNELS
+/* ---- a few-row chain's backward ---- */
+
+/* Few rows make every backward product small in one dimension: dW = grad^T @ h
+ * has K = rows, dX = grad @ W has `rows` rows. Both are c = a @ b with b's
+ * rows contiguous (h's rows, W's rows), read in place; a is read a scalar at a
+ * time (grad, or grad^T through its strides) and broadcast, so nothing is
+ * packed or transposed. Each output element sums over K in order in one
+ * lane, whichever task computes it: gradients are bit-identical at any
+ * thread count. */
+#define SMALL_PRODUCT_MR 4
+#define SMALL_PRODUCT_NV (FMLP_SIMD_REGISTERS >= 32 ? 4 : 2)
+
+/* K blocks of SMALL_PRODUCT_KC keep a block of b's tile columns in cache while
+ * every row tile passes over it: a 16-row dX over a 3072 x 768 weight would
+ * otherwise stream the weight from memory once per row tile. A later block
+ * starts from the stored partial sums, so each element still sums over K in
+ * order. */
+#define SMALL_PRODUCT_KC 256
+
+/* Up to SMALL_PRODUCT_NV vectors (cols) of c's m rows, over kc values of K:
+ * c = a @ b, or c += a @ b when accumulate. */
+static void FN(small_product_tiles)(int64_t m, int64_t kc, const REAL *a, int64_t a_rs,
+                                    int64_t a_cs, const REAL *b, int64_t ldb, REAL *c,
+                                    int64_t ldc, int64_t cols, int accumulate) {
+  const int64_t tile_cols = SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH;
+  for (int64_t i = 0; i < m; i += SMALL_PRODUCT_MR) {
+    const int64_t tile_rows = m - i < SMALL_PRODUCT_MR ? m - i : SMALL_PRODUCT_MR;
+    /* rows past m re-read row i: in bounds, never stored */
+    const REAL *a_rows[SMALL_PRODUCT_MR];
+    for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
+      a_rows[r] = a + (i + (r < tile_rows ? r : 0)) * a_rs;
+    }
+    vreal acc[SMALL_PRODUCT_MR][SMALL_PRODUCT_NV];
+    for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
+      const REAL *c_row = c + (i + (r < tile_rows ? r : 0)) * ldc;
+      for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
+        const int64_t left = cols - v * FMLP_SIMD_WIDTH;
+        acc[r][v] = accumulate && left > 0 ? v_load_first(c_row + v * FMLP_SIMD_WIDTH, left)
+                                           : v_zero();
+      }
+    }
+    if (cols == tile_cols) {
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        vreal bv[SMALL_PRODUCT_NV];
+        for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
+          bv[v] = v_load(b + kk * ldb + v * FMLP_SIMD_WIDTH);
+        }
+        for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
+          const vreal av = v_set1(a_rows[r][kk * a_cs]);
+          for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) acc[r][v] = v_fma(av, bv[v], acc[r][v]);
+        }
+      }
+    } else {
+      for (int64_t kk = 0; kk < kc; ++kk) {
+        vreal bv[SMALL_PRODUCT_NV];
+        for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
+          const int64_t left = cols - v * FMLP_SIMD_WIDTH;
+          bv[v] = left > 0 ? v_load_first(b + kk * ldb + v * FMLP_SIMD_WIDTH, left) : v_zero();
+        }
+        for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
+          const vreal av = v_set1(a_rows[r][kk * a_cs]);
+          for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) acc[r][v] = v_fma(av, bv[v], acc[r][v]);
+        }
+      }
+    }
+    for (int64_t r = 0; r < tile_rows; ++r) {
+      REAL *c_row = c + (i + r) * ldc;
+      for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
+        const int64_t left = cols - v * FMLP_SIMD_WIDTH;
+        if (left >= FMLP_SIMD_WIDTH) {
+          v_store(c_row + v * FMLP_SIMD_WIDTH, acc[r][v]);
+        } else if (left > 0) {
+          v_store_first(c_row + v * FMLP_SIMD_WIDTH, acc[r][v], left);
+        }
+      }
+    }
+  }
+}
+
+/* c[i, j] = sum over kk of a[i * a_rs + kk * a_cs] * b[kk * ldb + j] for i in
+ * [0, m), j in [j0, j0 + count), c row-major with ldc. */
+static void FN(small_product_columns)(int64_t m, int64_t k, const REAL *a, int64_t a_rs,
+                                      int64_t a_cs, const REAL *b, int64_t ldb, REAL *c,
+                                      int64_t ldc, int64_t j0, int64_t count) {
+  const int64_t tile_cols = SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH;
+  for (int64_t j = j0; j < j0 + count; j += tile_cols) {
+    const int64_t cols = j0 + count - j < tile_cols ? j0 + count - j : tile_cols;
+    for (int64_t kb = 0; kb < k || kb == 0; kb += SMALL_PRODUCT_KC) {
+      const int64_t kc = k - kb < SMALL_PRODUCT_KC ? k - kb : SMALL_PRODUCT_KC;
+      FN(small_product_tiles)(m, kc, a + kb * a_cs, a_rs, a_cs, b + kb * ldb + j, ldb,
+                              c + j, ldc, cols, kb > 0);
+    }
+  }
+}
+
+/* sums[j] = sum over rows of m[r, j] (row order) for j in [j0, j0 + count),
+ * m rows x width contiguous; nothing for sums NULL. */
+static void FN(column_sums_slice)(const REAL *m, int64_t rows, int64_t width, int64_t j0,
+                                  int64_t count, REAL *sums) {
+  if (sums == NULL) return;
+  sums += j0;
+  memset(sums, 0, (size_t)count * sizeof(REAL));
+  for (int64_t r = 0; r < rows; ++r) {
+    const REAL *row = m + r * width + j0;
+    for (int64_t j = 0; j < count; ++j) sums[j] += row[j];
+  }
+}
+
+/* A few-row chain's backward: grad_pre[l] is where layer l's grad * act'(pre)
+ * lies (grad_y itself for a top layer without activation; else one of two
+ * rows x max-width scratch matrices, alternating downwards). */
+typedef struct {
+  const fmlp_cpu_chain_backward_args *args;
+  REAL *scratch;
+  int64_t max_width;
+} FN(few_rows_backward);
+
+static REAL *FN(few_rows_grad_pre)(const FN(few_rows_backward) *bw, int64_t l) {
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  const int64_t top = a->n_layers - 1;
+  if (l == top && a->final_activation == FMLP_ACT_NONE) return (REAL *)a->grad_y;
+  return bw->scratch + ((top - l) % 2) * a->rows * bw->max_width;
+}
+
+/* Columns [j0, j0 + count) of layer l's grad_pre, from its grad (in grad_pre
+ * already, or grad_y for the top layer) and its bias gradient's columns:
+ * sums over rows in row order. */
+static void FN(finish_grad_pre_columns)(const FN(few_rows_backward) *bw, int64_t l,
+                                        const REAL *grad, int64_t j0, int64_t count) {
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  const int64_t rows = a->rows, width = a->widths[l + 1];
+  const fmlp_activation activation =
+      l == a->n_layers - 1 ? a->final_activation : a->hidden_activation;
+  REAL *grad_pre = FN(few_rows_grad_pre)(bw, l);
+  if (activation != FMLP_ACT_NONE) {
+    const REAL *pre = a->saved_pre[l];
+    for (int64_t r = 0; r < rows; ++r) {
+      FN(activation_grad_span)(grad_pre + r * width + j0, grad + r * width + j0,
+                               pre + r * width + j0, count, activation);
+    }
+  }
+  FN(column_sums_slice)(grad_pre, rows, width, j0, count,
+                        a->grad_biases != NULL ? a->grad_biases[l] : NULL);
+}
+
+/* Stage 0: the top layer's grad_pre. Stage s > 0: layer l = n_layers - s,
+ * task `task`'s columns [j0, j0 + count) of its input width: dW_l's columns,
+ * then dX's, finished into the layer below's grad_pre. */
+static void FN(few_rows_backward_part)(const void *block, int64_t stage, int64_t task,
+                                       int64_t n_tasks, REAL *unused) {
+  (void)unused;
+  const FN(few_rows_backward) *bw = block;
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  const int64_t rows = a->rows;
+  int64_t j0, count;
+  if (stage == 0) {
+    const int64_t top = a->n_layers - 1;
+    FN(even_split)(a->widths[top + 1], FMLP_SIMD_WIDTH, n_tasks, task, &j0, &count);
+    if (count > 0) FN(finish_grad_pre_columns)(bw, top, a->grad_y, j0, count);
+    return;
+  }
+  const int64_t l = a->n_layers - stage, width = a->widths[l + 1], k = a->widths[l];
+  FN(even_split)(k, FMLP_SIMD_WIDTH, n_tasks, task, &j0, &count);
+  if (count == 0) return;
+  const REAL *grad_pre = FN(few_rows_grad_pre)(bw, l);
+  if (a->grad_weights[l] != NULL) {
+    const REAL *input = l == 0 ? a->x.data : a->saved_hidden[l - 1];
+    const int64_t input_stride = l == 0 ? a->x.row_stride : k;
+    FN(small_product_columns)(width, rows, grad_pre, 1, width, input, input_stride,
+                              a->grad_weights[l], k, j0, count);
+  }
+  REAL *grad_below = l > 0 ? FN(few_rows_grad_pre)(bw, l - 1) : a->grad_x;
+  if (grad_below == NULL) return;
+  FN(small_product_columns)(rows, width, grad_pre, width, 1, a->weights[l].data,
+                            a->weights[l].row_stride, grad_below, k, j0, count);
+  if (l > 0) FN(finish_grad_pre_columns)(bw, l - 1, grad_below, j0, count);
+}
+
+/* Whether the few-row backward takes this chain: few rows, and x and the
+ * weights with unit column stride (read in place). */
+static int FN(few_rows_backward_fits)(const fmlp_cpu_chain_backward_args *a) {
+  if (a->rows > GEMM_UNPACKED_MAX_ROWS || a->x.col_stride != 1) return 0;
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    if (a->weights[l].col_stride != 1) return 0;
+  }
+  return 1;
+}
+
+static fmlp_status FN(chain_backward_few_rows)(const fmlp_cpu_chain_backward_args *a,
+                                               const fmlp_threading *threading) {
+  FN(few_rows_backward) bw = {.args = a};
+  /* multiply-adds, saturating: they only choose whether to split */
+  int64_t multiply_adds = 0;
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    if (a->widths[l + 1] > bw.max_width) bw.max_width = a->widths[l + 1];
+    int64_t layer;
+    if (!fmlp_checked_mul(2 * a->rows * a->widths[l], a->widths[l + 1], &layer) ||
+        !fmlp_checked_add(multiply_adds, layer, &multiply_adds)) {
+      multiply_adds = INT64_MAX;
+    }
+  }
+  bw.scratch = fmlp_alloc_matrices(2, a->rows, bw.max_width, sizeof(REAL));
+  if (bw.scratch == NULL) return FMLP_ERR_OUT_OF_MEMORY;
+  /* the column split's one parallel region, as the forward's few rows */
+  REAL no_pack[1];
+  const int split = threading != NULL && threading->n_threads > 1 &&
+                    multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
+  const FN(column_split) columns = {split ? threading : NULL, no_pack, 0};
+  FN(run_column_stages)(&columns, a->n_layers + 1, FN(few_rows_backward_part), &bw, no_pack);
+  free(bw.scratch);
+  return FMLP_OK;
+}
+
+/* A few-row gated block's backward in one column-split region. Stage 0,
+ * over hidden columns: grad_W_down's and grad_product's, turned into
+ * grad_gate and grad_up with their bias sums. Stage 1, over dim columns:
+ * grad_W_gate's, grad_W_up's and grad_x's (from_up: grad_up @ W_up, added). */
+typedef struct {
+  const fmlp_cpu_gated_block_backward_args *args;
+  REAL *grad_gate, *grad_up, *from_up;
+} FN(few_rows_gated_backward);
+
+static void FN(few_rows_gated_part)(const void *block, int64_t stage, int64_t task,
+                                    int64_t n_tasks, REAL *unused) {
+  (void)unused;
+  const FN(few_rows_gated_backward) *bw = block;
+  const fmlp_cpu_gated_block_backward_args *a = bw->args;
+  const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
+  int64_t j0, count;
+  FN(even_split)(stage == 0 ? h : dim, FMLP_SIMD_WIDTH, n_tasks, task, &j0, &count);
+  if (count == 0) return;
+  if (stage == 0) {
+    if (a->grad_w_down != NULL) {
+      FN(small_product_columns)(out, rows, a->grad_y, 1, out, a->saved_product, h,
+                                a->grad_w_down, h, j0, count);
+    }
+    FN(small_product_columns)(rows, out, a->grad_y, out, 1, a->w_down.data,
+                              a->w_down.row_stride, bw->grad_gate, h, j0, count);
+    const REAL *gate = a->saved_gate, *up = a->saved_up;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = r * h + j0;
+      REAL *grad = bw->grad_gate + at;
+      /* grad_up = grad * act(gate); grad_gate = grad * up * act'(gate) */
+      FN(gate_product_row)(gate + at, grad, count, a->activation, bw->grad_up + at);
+      for (int64_t j = 0; j < count; ++j) grad[j] *= up[at + j];
+      FN(activation_grad_span)(grad, grad, gate + at, count, a->activation);
+    }
+    FN(column_sums_slice)(bw->grad_gate, rows, h, j0, count, a->grad_bias_gate);
+    FN(column_sums_slice)(bw->grad_up, rows, h, j0, count, a->grad_bias_up);
+    return;
+  }
+  const REAL *x = a->x.data;
+  if (a->grad_w_gate != NULL) {
+    FN(small_product_columns)(h, rows, bw->grad_gate, 1, h, x, a->x.row_stride,
+                              a->grad_w_gate, dim, j0, count);
+  }
+  if (a->grad_w_up != NULL) {
+    FN(small_product_columns)(h, rows, bw->grad_up, 1, h, x, a->x.row_stride, a->grad_w_up,
+                              dim, j0, count);
+  }
+  if (a->grad_x == NULL) return;
+  REAL *grad_x = a->grad_x;
+  FN(small_product_columns)(rows, h, bw->grad_gate, h, 1, a->w_gate.data,
+                            a->w_gate.row_stride, grad_x, dim, j0, count);
+  FN(small_product_columns)(rows, h, bw->grad_up, h, 1, a->w_up.data, a->w_up.row_stride,
+                            bw->from_up, dim, j0, count);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = j0; j < j0 + count; ++j) grad_x[r * dim + j] += bw->from_up[r * dim + j];
+  }
+}
+
+static int FN(few_rows_gated_fits)(const fmlp_cpu_gated_block_backward_args *a) {
+  return a->rows <= GEMM_UNPACKED_MAX_ROWS && a->x.col_stride == 1 &&
+         a->w_gate.col_stride == 1 && a->w_up.col_stride == 1 && a->w_down.col_stride == 1;
+}
+
+static fmlp_status FN(gated_backward_few_rows)(const fmlp_cpu_gated_block_backward_args *a,
+                                               const fmlp_threading *threading) {
+  const int64_t rows = a->rows, h = a->hidden;
+  fmlp_status status = FMLP_OK;
+  FN(column_sums_slice)(a->grad_y, rows, a->out_dim, 0, a->out_dim, a->grad_bias_down);
+  FN(few_rows_gated_backward) bw = {.args = a};
+  bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(REAL));
+  bw.from_up = fmlp_alloc_matrices(1, rows, a->dim, sizeof(REAL));
+  if (bw.grad_gate != NULL && bw.from_up != NULL) {
+    bw.grad_up = bw.grad_gate + rows * h;
+    int64_t multiply_adds;
+    if (!fmlp_checked_mul(2 * rows * h, 2 * a->dim + a->out_dim, &multiply_adds)) {
+      multiply_adds = INT64_MAX;
+    }
+    REAL no_pack[1];
+    const int split = threading != NULL && threading->n_threads > 1 &&
+                      multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
+    const FN(column_split) columns = {split ? threading : NULL, no_pack, 0};
+    FN(run_column_stages)(&columns, 2, FN(few_rows_gated_part), &bw, no_pack);
+  } else {
+    status = FMLP_ERR_OUT_OF_MEMORY;
+  }
+  free(bw.grad_gate);
+  free(bw.from_up);
+  return status;
+}
+#endif
+
 /* Per layer l, from the last: grad_pre = grad_h * act'(pre_l) with its
  * column sums (grad_bias), grad_W = grad_pre^T @ h_l, and grad_h for the
  * layer below = grad_pre @ W_l (grad_x below the first). The two products
@@ -147,6 +452,9 @@ static fmlp_status FN(grad_pre_pass)(FN(grad_pre_job) job, REAL *grad_bias,
  * matrices, grad_pre overwriting grad_h in place. */
 fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
                                         const fmlp_threading *threading) {
+#if FMLP_TRANSPOSED_KERNELS
+  if (FN(few_rows_backward_fits)(a)) return FN(chain_backward_few_rows)(a, threading);
+#endif
   const int64_t rows = a->rows;
   int64_t max_width = 0;
   for (int64_t l = 1; l <= a->n_layers; ++l) {
@@ -201,6 +509,9 @@ static fmlp_status FN(column_sums)(const REAL *m, int64_t rows, int64_t width, R
  * scratch, then added). */
 fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backward_args *a,
                                               const fmlp_threading *threading) {
+#if FMLP_TRANSPOSED_KERNELS
+  if (FN(few_rows_gated_fits)(a)) return FN(gated_backward_few_rows)(a, threading);
+#endif
   const int64_t rows = a->rows, h = a->hidden;
   REAL *grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(REAL));
   if (grad_gate == NULL) return FMLP_ERR_OUT_OF_MEMORY;

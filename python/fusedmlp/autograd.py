@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _C  # noqa: F401  (registers the ops)
 from .saved_layout import chain_layout, leading_rows
@@ -158,6 +159,45 @@ def _grad_or_zeros(grad_y: Tensor | None, x: Tensor, out_features: int) -> Tenso
     return x.new_zeros((*x.shape[:-1], out_features)) if grad_y is None else grad_y
 
 
+# name -> an autograd.Function running fusedmlp::<name>_train with the op's own backward
+_TRAIN_FUNCTIONS: dict[str, type[torch.autograd.Function]] = {}
+
+
+def _function_fits(x: Tensor, tensors: tuple) -> bool:
+    """Whether a training call may enter autograd through our autograd.Function rather than
+    the op's registered autograd: register_autograd's generic wrapper flattens and checks
+    every input and gradient with pytree on each call, a fifth of a 16 x 256^3 ReLU training
+    step's time (cProfile). Compiled graphs, tensor subclasses (DTensor), dispatch modes,
+    autocast and other devices keep the op."""
+    return not (
+        torch.compiler.is_compiling()
+        or any(t is not None and type(t) not in (Tensor, torch.nn.Parameter) for t in tensors)
+        or _get_current_dispatch_mode() is not None
+        or x.device.type not in ("cpu", "cuda")  # meta tensors: the op's own checks
+        or torch.is_autocast_enabled(x.device.type)  # autocast casts above autograd
+    )
+
+
+def train_call(
+    name: str, x: Tensor, weights: Tensor | list[Tensor], biases: Tensor | list | None,
+    activation: str,
+):
+    """fusedmlp::<name>_train(x, weights, biases, activation) for linear (one weight and
+    bias) or mlp, through the op or an autograd.Function with its setup and backward."""
+    single = name == "linear"
+    parameters = (weights, biases) if single else (*weights, *biases)
+    if not _function_fits(x, parameters):
+        return getattr(_ops, f"{name}_train")(x, weights, biases, activation)
+    return _TRAIN_FUNCTIONS[name].apply(x, activation, 1 if single else len(weights), *parameters)
+
+
+def gated_train_call(*args):
+    """fusedmlp::gated_mlp_train(*args), as train_call does."""
+    if not _function_fits(args[0], args[1:-1]):
+        return _ops.gated_mlp_train(*args)
+    return _TRAIN_FUNCTIONS["gated_mlp"].apply(*args)
+
+
 @dataclass(frozen=True)
 class _ChainOp:
     """How linear / mlp map onto a chain of layers."""
@@ -217,6 +257,27 @@ class _ChainOp:
             )
             return self.pack(grad_x, grad_weights, grad_biases, None)
 
+        class Train(torch.autograd.Function):
+            """The `*_train` op with the same setup and backward, for eager calls on plain
+            tensors (see train_call); parameters: the weights, then the biases."""
+
+            @staticmethod
+            def forward(ctx, x, activation, n_weights, *parameters):  # type: ignore[override]
+                weights, biases = list(parameters[:n_weights]), list(parameters[n_weights:])
+                inputs = self.pack(x, weights, biases or [None] * n_weights, activation)
+                with torch._C._AutoDispatchBelowAutograd():
+                    output = train_op(*inputs)
+                setup(ctx, inputs, output, True)
+                return output
+
+            @staticmethod
+            def backward(ctx, grad_y, *unused):  # type: ignore[override]
+                grad_x, grad_weights, grad_biases, _ = backward(ctx, grad_y, *unused)
+                if self.single_layer:
+                    return grad_x, None, None, grad_weights, grad_biases
+                return grad_x, None, None, *grad_weights, *grad_biases
+
+        _TRAIN_FUNCTIONS[self.name] = Train
         torch.library.register_autograd(
             f"fusedmlp::{self.name}",
             backward,
@@ -262,6 +323,21 @@ def _register_gated() -> None:
         )
         return (grad_x, *grad_weights, *grad_biases, None)
 
+    class Train(torch.autograd.Function):
+        """gated_mlp_train with the same setup and backward (see gated_train_call)."""
+
+        @staticmethod
+        def forward(ctx, *inputs):  # type: ignore[override]
+            with torch._C._AutoDispatchBelowAutograd():
+                output = _ops.gated_mlp_train(*inputs)
+            setup(ctx, inputs, output, True)
+            return output
+
+        @staticmethod
+        def backward(ctx, grad_y, *unused):  # type: ignore[override]
+            return backward(ctx, grad_y, *unused)
+
+    _TRAIN_FUNCTIONS["gated_mlp"] = Train
     for name, training in (("gated_mlp", False), ("gated_mlp_train", True)):
         torch.library.register_autograd(
             f"fusedmlp::{name}",

@@ -17,8 +17,8 @@ from fusedmlp.tools.eager_blocks import GatedBlock, linear_chain
 @dataclass(frozen=True)
 class Case:
     """One benchmark shape. kind: "chain" (Linear + activation layers, the activation after
-    every layer but the last unless final_activation), "gated" (down(act(gate(x)) * up(x)),
-    sizes = (dim, hidden)), "train" (a chain's forward + backward)."""
+    every layer but the last unless final_activation) or "gated" (down(act(gate(x)) * up(x)),
+    sizes = (dim, hidden)); train: time forward + backward instead of a no-grad forward."""
 
     name: str
     description: str
@@ -30,6 +30,7 @@ class Case:
     quick_sizes: tuple[int, ...]
     final_activation: bool = False
     gemm_bound: bool = False  # report GFLOP/s as a fraction of the machine's peak
+    train: bool = False
 
     def shape(self, quick: bool) -> tuple[int, tuple[int, ...]]:
         return (self.quick_rows, self.quick_sizes) if quick else (self.rows, self.sizes)
@@ -52,18 +53,23 @@ CASES: list[Case] = [
          1, (768, 3072), "gelu_tanh", 1, (8, 40)),
     Case("narrow_tall", "narrow and tall: 65536 x (64->128->128->64) ReLU", "chain",
          65536, (64, 128, 128, 64), "relu", 100, (4, 8, 8, 4)),
-    Case("train_step", "training step fwd+bwd: 256 x (512->512->512->512) ReLU", "train",
-         256, (512, 512, 512, 512), "relu", 6, (8, 12, 8, 4)),
+    Case("train_step", "training step fwd+bwd: 256 x (512->512->512->512) ReLU", "chain",
+         256, (512, 512, 512, 512), "relu", 6, (8, 12, 8, 4), train=True),
+    Case("train_small", "small training step fwd+bwd: 16 x (256->256->256->256) ReLU", "chain",
+         16, (256, 256, 256, 256), "relu", 2, (8, 8, 8, 8), train=True),
+    Case("train_gated", "GeGLU block fwd+bwd, 256 tokens, 768 -> 3072 -> 768", "gated",
+         256, (768, 3072), "gelu_tanh", 4, (8, 40), train=True),
 ]
 
 
 def forward_flops(case: Case, rows: int, sizes: tuple[int, ...]) -> int:
     if case.kind == "gated":
         dim, hidden = sizes
-        return 2 * rows * 3 * dim * hidden
-    flops = sum(2 * rows * a * b for a, b in zip(sizes[:-1], sizes[1:]))
+        flops = 2 * rows * 3 * dim * hidden
+    else:
+        flops = sum(2 * rows * a * b for a, b in zip(sizes[:-1], sizes[1:]))
     # a backward pass costs two GEMMs (dX, dW) per forward GEMM
-    return 3 * flops if case.kind == "train" else flops
+    return 3 * flops if case.train else flops
 
 
 def build_modules(

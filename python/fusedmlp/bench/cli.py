@@ -103,7 +103,7 @@ def variant_modules(case: Case, sizes: tuple[int, ...], device: str, dtype: torc
 
 def variant_calls(case: Case, modules: dict[str, Callable[[torch.Tensor], torch.Tensor]],
                   x: torch.Tensor) -> dict[str, Callable[[], object]]:
-    if case.kind != "train":
+    if not case.train:
         return {name: inference_call(m, x) for name, m in modules.items()}
     calls = {}
     for name, module in modules.items():
