@@ -125,26 +125,30 @@ def check_values(args: argparse.Namespace) -> None:
         }
         for bias_name, bias in biases.items():
             for activation in fusedmlp.ACTIVATIONS:
-                want = reference(x, weight, bias, activation)
-                for mode in ("inference", "training"):
-                    case = f"linear {args.dtype} {rows}x{k}->{n} {activation} {bias_name} {mode}"
-
-                    found.guarded(
-                        case,
-                        compare_linear,
-                        found,
-                        case,
-                        x,
-                        weight,
-                        bias,
-                        activation,
-                        mode,
-                        want,
-                        tolerance,
-                    )
+                label = f"linear {args.dtype} {rows}x{k}->{n} {activation} {bias_name}"
+                check_linear_modes(found, label, x, weight, bias, activation, tolerance)
     check_nan_propagation(args, found)
     check_gated_values(args, found)
     found.finish()
+
+
+def check_linear_modes(
+    found: Mismatches,
+    label: str,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    activation: str,
+    tolerance: float,
+) -> None:
+    """One linear call in inference and in training mode against the float64 reference,
+    each guarded so that a failure is recorded and the sweep goes on."""
+    want = reference(x, weight, bias, activation)
+    for mode in ("inference", "training"):
+        case = f"{label} {mode}"
+        found.guarded(
+            case, compare_linear, found, case, x, weight, bias, activation, mode, want, tolerance
+        )
 
 
 def compare_linear(
@@ -189,23 +193,8 @@ def check_nan_propagation(args: argparse.Namespace, found: Mismatches) -> None:
     weight = scaled(48, 64, generator, device, dtype)
     bias = torch.randn(48, generator=generator).to(device, dtype)
     for activation in fusedmlp.ACTIVATIONS:
-        want = reference(x, weight, bias, activation)
-        for mode in ("inference", "training"):
-            case = f"NaN propagation {args.dtype} {activation} {mode}"
-
-            found.guarded(
-                case,
-                compare_linear,
-                found,
-                case,
-                x,
-                weight,
-                bias,
-                activation,
-                mode,
-                want,
-                TOLERANCES[dtype],
-            )
+        label = f"NaN propagation {args.dtype} {activation}"
+        check_linear_modes(found, label, x, weight, bias, activation, TOLERANCES[dtype])
 
 
 def check_gated_values(args: argparse.Namespace, found: Mismatches) -> None:
