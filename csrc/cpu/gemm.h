@@ -235,28 +235,33 @@ typedef struct {
   int save_gate_up;
 } FN(gated_tiles);
 
+/* The MR x NR tile as GATED_MR x GATED_NR parts (the parts wholly outside
+ * rows x cols skipped). */
 static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t row, int64_t col,
                            int64_t pc, int64_t kc, int64_t rows, int64_t cols) {
   const FN(gated_tiles) *t = context;
   const int64_t k = t->gate_w->k, panel_at = (col / GEMM_NR) * k * GEMM_NR + pc * GEMM_NR;
-  for (int64_t half = 0; half < GEMM_MR && half < rows; half += GATED_MR) {
-    const int64_t at = (row + half) * t->stride + col;
-    const FN(gated_tile_epilogue) ep = {
-        .bias_gate = t->bias_gate != NULL ? t->bias_gate + col : NULL,
-        .bias_up = t->bias_up != NULL ? t->bias_up + col : NULL,
-        .gate = t->gate + at,
-        .up = t->up + at,
-        .gate_up_stride = t->stride,
-        .product = t->product + at,
-        .product_stride = t->stride,
-        .activation = t->activation,
-        .first_k_block = pc == 0,
-        .last_k_block = pc + kc >= k,
-        .save_gate_up = t->save_gate_up,
-    };
-    const int64_t half_rows = rows - half < GATED_MR ? rows - half : GATED_MR;
-    FN(microkernel_gated)(kc, a_panel + half, t->gate_w->data + panel_at,
-                          t->up_w->data + panel_at, half_rows, cols, &ep);
+  for (int64_t i0 = 0; i0 < rows; i0 += GATED_MR) {
+    const int64_t part_rows = rows - i0 < GATED_MR ? rows - i0 : GATED_MR;
+    for (int64_t j0 = 0; j0 < cols; j0 += GATED_NR) {
+      const int64_t at = (row + i0) * t->stride + col + j0;
+      const FN(gated_tile_epilogue) ep = {
+          .bias_gate = t->bias_gate != NULL ? t->bias_gate + col + j0 : NULL,
+          .bias_up = t->bias_up != NULL ? t->bias_up + col + j0 : NULL,
+          .gate = t->gate + at,
+          .up = t->up + at,
+          .gate_up_stride = t->stride,
+          .product = t->product + at,
+          .product_stride = t->stride,
+          .activation = t->activation,
+          .first_k_block = pc == 0,
+          .last_k_block = pc + kc >= k,
+          .save_gate_up = t->save_gate_up,
+      };
+      FN(microkernel_gated)(kc, a_panel + i0, t->gate_w->data + panel_at + j0,
+                            t->up_w->data + panel_at + j0, part_rows,
+                            cols - j0 < GATED_NR ? cols - j0 : GATED_NR, &ep);
+    }
   }
 }
 

@@ -8,6 +8,9 @@
  * registers. */
 #define GEMM_MR 12
 #define GEMM_NR ((int64_t)(2 * FMLP_SIMD_WIDTH))
+/* gated: 6 x 2 zmm of gate and of up, 4 loads, one broadcast: 29 of 32 */
+#define GATED_MR 6
+#define GATED_NR GEMM_NR
 #include "precision_kernels.h"
 #include "real_template.h"
 #include "microkernel_simd.h" /* the micro-kernel, packing and block loops' shape */

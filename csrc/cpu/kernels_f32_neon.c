@@ -11,6 +11,9 @@
  * registers (OpenBLAS's NEON sgemm tile is 8 x 12 too). */
 #define GEMM_MR 8
 #define GEMM_NR ((int64_t)(3 * FMLP_SIMD_WIDTH))
+/* gated: 4 x 3 of gate and of up, 6 loads, one broadcast: 31 of 32 */
+#define GATED_MR 4
+#define GATED_NR GEMM_NR
 #include "precision_kernels.h"
 #include "real_template.h"
 #include "microkernel_simd.h" /* the micro-kernel, packing and block loops' shape */

@@ -10,6 +10,10 @@
  * registers. */
 #define GEMM_MR 6
 #define GEMM_NR ((int64_t)(2 * FMLP_SIMD_WIDTH))
+/* gated: 6 x 1 of gate and of up, 2 loads, one broadcast: 15 of 16 (the
+ * AVX2 unit's tile, measured there) */
+#define GATED_MR 6
+#define GATED_NR FMLP_SIMD_WIDTH
 #include "precision_kernels.h"
 #include "real_template.h"
 #include "microkernel_simd.h" /* the micro-kernel, packing and block loops' shape */

@@ -281,9 +281,19 @@ static void FN(dot_tile)(int64_t k, const REAL *const x_rows[DOT_MAX_ROWS],
 
 /* ---- the gated micro-kernel: act(x @ Wg.T + bg) * (x @ Wu.T + bu) ---- */
 
-/* Half an MR-tall input panel: gate and up tiles together fill the registers
- * (6 x 2 + 6 x 2 zmm for AVX-512). */
-#define GATED_MR (GEMM_MR / 2)
+/* The unit's gated tile, GATED_MR input rows x GATED_NR weight columns, a
+ * part of the MR x NR tile whose packed panels it reads: gate and up
+ * accumulators, GATED_NV loads of each weight and one broadcast of the input
+ * stay in registers. */
+#if !defined(GATED_MR) || !defined(GATED_NR)
+#error "a SIMD unit defines its gated tile, GATED_MR x GATED_NR (parts of GEMM_MR x GEMM_NR)"
+#endif
+#define GATED_NV (GATED_NR / FMLP_SIMD_WIDTH)
+_Static_assert(GEMM_MR % GATED_MR == 0 && GEMM_NR % GATED_NR == 0 &&
+                   GATED_NR % FMLP_SIMD_WIDTH == 0,
+               "the gated tile is whole vectors and divides the MR x NR tile");
+_Static_assert(2 * GATED_MR * GATED_NV + 2 * GATED_NV + 1 <= FMLP_SIMD_REGISTERS,
+               "GATED_MR x GATED_NR spills");
 
 typedef struct {
   const REAL *bias_gate, *bias_up; /* at the tile's first column, or NULL */
@@ -296,14 +306,14 @@ typedef struct {
   int first_k_block, last_k_block, save_gate_up;
 } FN(gated_tile_epilogue);
 
-static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GEMM_NV],
+static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GATED_NV],
                                                     const REAL *bias, const REAL *partial,
                                                     int64_t stride, int first_k_block,
                                                     int64_t rows, int64_t cols) {
 #pragma GCC unroll 16
   for (int i = 0; i < GATED_MR; ++i) {
 #pragma GCC unroll 8
-    for (int v = 0; v < GEMM_NV; ++v) {
+    for (int v = 0; v < GATED_NV; ++v) {
       const int64_t lanes = FN(lanes_inside)(cols, v);
       if (!first_k_block) {
         acc[i][v] = i < rows ? v_load_first(partial + i * stride + v * FMLP_SIMD_WIDTH, lanes)
@@ -316,22 +326,23 @@ static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GEMM_NV]
 }
 
 /* a: the first of GATED_MR rows in a packed MR-tall input panel (element
- * (i, kk) at a[kk * MR + i]); b_gate, b_up: the matching packed weight
- * panels. Gate and up accumulate in one pass over K, so the input is read
- * once and act(gate) * up is stored without a round trip through memory. */
+ * (i, kk) at a[kk * MR + i]); b_gate, b_up: the first of GATED_NR columns in
+ * the matching packed NR-wide weight panels. Gate and up accumulate in one
+ * pass over K, so the input is read once and act(gate) * up is stored
+ * without a round trip through memory. */
 static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL *restrict b_gate,
                                   const REAL *restrict b_up, int64_t rows, int64_t cols,
                                   const FN(gated_tile_epilogue) *ep) {
-  vreal gate[GATED_MR][GEMM_NV], up[GATED_MR][GEMM_NV];
+  vreal gate[GATED_MR][GATED_NV], up[GATED_MR][GATED_NV];
   FN(load_gated_start)(gate, ep->bias_gate, ep->gate, ep->gate_up_stride, ep->first_k_block,
                        rows, cols);
   FN(load_gated_start)(up, ep->bias_up, ep->up, ep->gate_up_stride, ep->first_k_block, rows,
                        cols);
 #pragma GCC unroll 2
   for (int64_t kk = 0; kk < kc; ++kk) {
-    vreal bg[GEMM_NV], bu[GEMM_NV];
+    vreal bg[GATED_NV], bu[GATED_NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < GEMM_NV; ++v) {
+    for (int v = 0; v < GATED_NV; ++v) {
       bg[v] = v_load(b_gate + kk * GEMM_NR + v * FMLP_SIMD_WIDTH);
       bu[v] = v_load(b_up + kk * GEMM_NR + v * FMLP_SIMD_WIDTH);
     }
@@ -339,7 +350,7 @@ static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL
     for (int i = 0; i < GATED_MR; ++i) {
       const vreal a_ik = v_set1(a[kk * GEMM_MR + i]);
 #pragma GCC unroll 8
-      for (int v = 0; v < GEMM_NV; ++v) {
+      for (int v = 0; v < GATED_NV; ++v) {
         gate[i][v] = v_fma(a_ik, bg[v], gate[i][v]);
         up[i][v] = v_fma(a_ik, bu[v], up[i][v]);
       }
@@ -350,7 +361,7 @@ static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL
     for (int i = 0; i < GATED_MR; ++i) {
       if (i >= rows) break;
 #pragma GCC unroll 8
-      for (int v = 0; v < GEMM_NV; ++v) {
+      for (int v = 0; v < GATED_NV; ++v) {
         const int64_t lanes = FN(lanes_inside)(cols, v);
         const int64_t at = i * ep->gate_up_stride + v * FMLP_SIMD_WIDTH;
         v_store_first(ep->gate + at, gate[i][v], lanes);
@@ -359,12 +370,12 @@ static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL
     }
   }
   if (!ep->last_k_block) return;
-  FN(activate_vectors)(&gate[0][0], GATED_MR * GEMM_NV, ep->activation);
+  FN(activate_vectors)(&gate[0][0], GATED_MR * GATED_NV, ep->activation);
 #pragma GCC unroll 16
   for (int i = 0; i < GATED_MR; ++i) {
     if (i >= rows) break;
 #pragma GCC unroll 8
-    for (int v = 0; v < GEMM_NV; ++v) {
+    for (int v = 0; v < GATED_NV; ++v) {
       v_store_first(ep->product + i * ep->product_stride + v * FMLP_SIMD_WIDTH,
                     v_mul(gate[i][v], up[i][v]), FN(lanes_inside)(cols, v));
     }

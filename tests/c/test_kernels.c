@@ -545,6 +545,9 @@ int main(int argc, char **argv) {
       test_linear(&t, (fmlp_dtype)dtype, 3, 1500, 400, (fmlp_activation)act, 0, 1, &chunked);
       test_gated(&t, (fmlp_dtype)dtype, 67, 29, 41, (fmlp_activation)act, &chunked);
       test_gated(&t, (fmlp_dtype)dtype, 5, 200, 700, (fmlp_activation)act, &chunked);
+      /* packed, K past one cache block (partial sums between K blocks), a hidden width
+       * that ends inside a gated tile part */
+      test_gated(&t, (fmlp_dtype)dtype, 70, 1100, 37, (fmlp_activation)act, &serial);
       test_activation_backward(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
     }
     test_linear(&t, (fmlp_dtype)dtype, 0, 5, 7, FMLP_ACT_RELU, 1, 0, &serial);
