@@ -17,6 +17,10 @@ typedef struct {
                                      void *, const fmlp_threading *);
   fmlp_status (*gated_backward)(int64_t, const void *, const void *, const void *,
                                 fmlp_activation, void *, void *, const fmlp_threading *);
+  fmlp_status (*activation_forward)(int64_t, const void *, fmlp_activation, void *,
+                                    const fmlp_threading *);
+  fmlp_status (*gated_product)(int64_t, const void *, const void *, fmlp_activation, void *,
+                               const fmlp_threading *);
 } precision_kernels;
 
 /* Every fmlp_dtype value indexes the table. */
@@ -53,7 +57,10 @@ static const precision_kernels kernel_units[DTYPE_SLOTS][FMLP_ISA_COUNT] = {
       UNIT(isa, fmlp_cpu_chain_##suffix), UNIT(isa, fmlp_cpu_gated_##suffix),                  \
       UNIT(isa, fmlp_cpu_chain_backward_##suffix),                                             \
       UNIT(isa, fmlp_cpu_gated_block_backward_##suffix),                                       \
-      UNIT(isa, fmlp_cpu_activation_backward_##suffix), UNIT(isa, fmlp_cpu_gated_backward_##suffix)},
+      UNIT(isa, fmlp_cpu_activation_backward_##suffix),                                        \
+      UNIT(isa, fmlp_cpu_gated_backward_##suffix),                                             \
+      UNIT(isa, fmlp_cpu_activation_forward_##suffix),                                         \
+      UNIT(isa, fmlp_cpu_gated_product_##suffix)},
 #include "fusedmlp/cpu_isas.def"
 };
 
@@ -223,4 +230,24 @@ fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *gra
   }
   return kernels_for(dtype)->gated_backward(n, grad_product, gate, up, activation, grad_gate,
                                             grad_up, threading);
+}
+
+fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t n, const void *pre,
+                                        fmlp_activation activation, void *out,
+                                        const fmlp_threading *threading) {
+  if (!valid_dtype(dtype) || !valid_activation(activation) || n < 0 ||
+      (n > 0 && (pre == NULL || out == NULL))) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  return kernels_for(dtype)->activation_forward(n, pre, activation, out, threading);
+}
+
+fmlp_status fmlp_cpu_gated_product(fmlp_dtype dtype, int64_t n, const void *gate,
+                                   const void *up, fmlp_activation activation, void *product,
+                                   const fmlp_threading *threading) {
+  if (!valid_dtype(dtype) || !valid_activation(activation) || n < 0 ||
+      (n > 0 && (gate == NULL || up == NULL || product == NULL))) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  return kernels_for(dtype)->gated_product(n, gate, up, activation, product, threading);
 }

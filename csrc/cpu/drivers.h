@@ -539,3 +539,6 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   free(job.down.data);
   return status;
 }
+
+/* the epilogue passes alone, after a host GEMM (over gate_product_row above) */
+#include "epilogue_pass.h"

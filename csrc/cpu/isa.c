@@ -57,18 +57,37 @@ fmlp_cpu_isa fmlp_cpu_isa_best(void) {
   return best;
 }
 
-fmlp_cpu_isa fmlp_cpu_isa_in_use(void) {
+/* Whether FUSEDMLP_ISA names an ISA this CPU supports, and which. */
+static int forced_isa(fmlp_cpu_isa *forced_to) {
   const char *forced = getenv("FUSEDMLP_ISA");
-  if (forced != NULL && forced[0] != '\0') {
-    for (int isa = 0; isa < FMLP_ISA_COUNT; ++isa) {
-      /* Never run instructions the CPU lacks: a wish it cannot grant gets the best it has. */
-      if (strcmp(forced, fmlp_cpu_isa_name((fmlp_cpu_isa)isa)) == 0 &&
-          fmlp_cpu_isa_supported((fmlp_cpu_isa)isa)) {
-        return (fmlp_cpu_isa)isa;
-      }
+  if (forced == NULL || forced[0] == '\0') return 0;
+  for (int isa = 0; isa < FMLP_ISA_COUNT; ++isa) {
+    if (strcmp(forced, fmlp_cpu_isa_name((fmlp_cpu_isa)isa)) == 0 &&
+        fmlp_cpu_isa_supported((fmlp_cpu_isa)isa)) {
+      *forced_to = (fmlp_cpu_isa)isa;
+      return 1;
     }
   }
-  return fmlp_cpu_isa_best();
+  return 0;
+}
+
+fmlp_cpu_isa fmlp_cpu_isa_in_use(void) {
+  /* Never run instructions the CPU lacks: a wish it cannot grant gets the best it has. */
+  fmlp_cpu_isa isa;
+  return forced_isa(&isa) ? isa : fmlp_cpu_isa_best();
+}
+
+fmlp_cpu_gemm fmlp_cpu_gemm_in_use(void) {
+  const char *gemm = getenv("FUSEDMLP_CPU_GEMM");
+  if (gemm != NULL && strcmp(gemm, "aten") == 0) return FMLP_GEMM_HOST;
+  fmlp_cpu_isa isa;
+  if (forced_isa(&isa)) return FMLP_GEMM_KERNELS;
+  /* Any measured ISA the CPU has, not only its best: a later, unmeasured
+   * level above a measured one keeps the kernels. */
+#define FMLP_BEATS_EAGER(id) \
+  if (fmlp_cpu_isa_supported(FMLP_ISA_##id)) return FMLP_GEMM_KERNELS;
+#include "fusedmlp/cpu_isas.def"
+  return FMLP_GEMM_HOST;
 }
 
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa) {

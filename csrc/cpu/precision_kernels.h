@@ -22,7 +22,13 @@
   fmlp_status fmlp_cpu_gated_backward_##suffix(                                                 \
       int64_t n, const void *grad_product, const void *gate, const void *up,                    \
       fmlp_activation activation, void *grad_gate, void *grad_up,                               \
-      const fmlp_threading *threading);
+      const fmlp_threading *threading);                                                         \
+  fmlp_status fmlp_cpu_activation_forward_##suffix(int64_t n, const void *pre,                  \
+                                                   fmlp_activation activation, void *out,       \
+                                                   const fmlp_threading *threading);            \
+  fmlp_status fmlp_cpu_gated_product_##suffix(int64_t n, const void *gate, const void *up,      \
+                                              fmlp_activation activation, void *product,        \
+                                              const fmlp_threading *threading);
 #include "fusedmlp/cpu_isas.def"
 
 #endif /* FUSEDMLP_CPU_PRECISION_KERNELS_H */

@@ -52,6 +52,33 @@ void *offset_data(const at::Tensor &buffer, int64_t offset) {
   return offset < 0 ? nullptr : static_cast<char *>(buffer.data_ptr()) + offset * buffer.element_size();
 }
 
+// The host-GEMM path (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST, on CPUs where no
+// kernel level was measured to beat eager): out = x @ w.T (+ b) by ATen's GEMM,
+// through the dispatcher's aten::addmm.out / aten::mm.out only, so that the
+// stable ABI can express it too. out is contiguous, for the C epilogue pass
+// that follows in the same op.
+void host_gemm(at::Tensor out, const at::Tensor &x, const at::Tensor &w, const at::Tensor &b) {
+  if (b.defined()) {
+    at::addmm_out(out, b, x, w.t());
+  } else {
+    at::mm_out(out, x, w.t());
+  }
+}
+
+// One layer on the host-GEMM path: out = act(x @ w.T + b); the GEMM writes into
+// pre (the saved pre-activation) when it is defined, else into out, and our
+// epilogue pass activates from there into out.
+void host_gemm_layer(const char *op, const at::Tensor &x, const at::Tensor &w,
+                     const at::Tensor &b, fmlp_activation activation, const at::Tensor &pre,
+                     const at::Tensor &out, const fmlp_threading &threading) {
+  const at::Tensor &product = pre.defined() ? pre : out;
+  host_gemm(product, x, w, b);
+  check_status(fmlp_cpu_activation_forward(kernel_dtype(out.scalar_type()), out.numel(),
+                                           product.data_ptr(), activation, out.data_ptr(),
+                                           &threading),
+               op);
+}
+
 struct CpuBackend {
   static std::vector<at::ScalarType> dtypes() { return cpu_dtypes(); }
 
@@ -72,10 +99,12 @@ struct CpuBackend {
     const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
     at::Tensor saved = at::empty({save ? layout.total : 0}, options);
     const fmlp_threading threading = aten_threading();
+    const bool host = fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST;
 
-    // Under a profiler, run layer by layer so each layer gets its own event;
-    // otherwise one call runs row blocks through every layer.
-    const bool per_layer = n_layers > 1 && at::hasCallbacks();
+    // Under a profiler (and on the host-GEMM path), run layer by layer so each
+    // layer gets its own event; otherwise one call runs row blocks through
+    // every layer.
+    const bool per_layer = n_layers > 1 && (at::hasCallbacks() || host);
     at::Tensor input = x;
     for (int64_t first = 0; first < n_layers; first += per_layer ? 1 : n_layers) {
       const int64_t count = per_layer ? 1 : n_layers;
@@ -112,7 +141,16 @@ struct CpuBackend {
       };
       RECORD_FUNCTION(per_layer ? layer_label(op, first) : std::string(op),
                       std::vector<c10::IValue>());
-      check_status(fmlp_cpu_chain(&args, &threading), op);
+      if (host) {
+        const int64_t offset = save ? layout.pre_offset[first] : -1;
+        const at::Tensor pre =
+            offset >= 0 ? saved.narrow(0, offset, rows * widths[first + 1]).view({rows, -1})
+                        : at::Tensor();
+        host_gemm_layer(op, input, w[first], b[first], args.final_activation, pre, out,
+                        threading);
+      } else {
+        check_status(fmlp_cpu_chain(&args, &threading), op);
+      }
       input = out;
     }
     return {as_type(y, storage), as_type(saved, storage)};
@@ -132,6 +170,22 @@ struct CpuBackend {
                      bd = compute_bias(bias_down, compute);
     at::Tensor y = at::empty({rows, out_dim}, options);
     at::Tensor saved = at::empty({save ? 3 : 0, rows, hidden}, options);
+    const fmlp_threading threading = aten_threading();
+    if (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST) {
+      const std::array<at::Tensor, 3> block =
+          save ? std::array<at::Tensor, 3>{saved[0], saved[1], saved[2]}
+               : std::array<at::Tensor, 3>{at::empty({rows, hidden}, options),
+                                           at::empty({rows, hidden}, options),
+                                           at::empty({rows, hidden}, options)};
+      host_gemm(block[0], x, wg, bg);
+      host_gemm(block[1], x, wu, bu);
+      check_status(fmlp_cpu_gated_product(kernel_dtype(compute), rows * hidden,
+                                          block[0].data_ptr(), block[1].data_ptr(), activation,
+                                          block[2].data_ptr(), &threading),
+                   op);
+      host_gemm(y, block[2], wd, bd);
+      return {as_type(y, storage), as_type(saved, storage)};
+    }
     // Under a profiler the block runs in two labelled stages (gate and up with their
     // product, then down); otherwise row blocks run through all of it in one call.
     const bool staged = at::hasCallbacks();
@@ -157,7 +211,6 @@ struct CpuBackend {
         .saved_up = save ? saved[1].data_ptr() : nullptr,
         .saved_product = product.defined() ? product.data_ptr() : nullptr,
     };
-    const fmlp_threading threading = aten_threading();
     if (!staged) {
       check_status(fmlp_cpu_gated(&args, &threading), op);
       return {as_type(y, storage), as_type(saved, storage)};

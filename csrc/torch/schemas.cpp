@@ -79,7 +79,9 @@ static PyObject *device_dtypes(PyObject * /*module*/, PyObject * /*unused*/) {
 }
 
 static PyObject *cpu_isa(PyObject * /*module*/, PyObject * /*unused*/) {
-  return PyUnicode_FromString(fmlp_cpu_isa_name(fmlp_cpu_isa_in_use()));
+  const char *isa = fmlp_cpu_isa_name(fmlp_cpu_isa_in_use());
+  if (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST) return PyUnicode_FromFormat("aten+%s", isa);
+  return PyUnicode_FromString(isa);
 }
 
 // One (name, compiler flags, CPU features, supported here) tuple per ISA of
@@ -115,7 +117,9 @@ static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
 static const char kCpuIsaDoc[] =
     "The instruction set of the CPU kernels now, one of (best last):"
 #include "fusedmlp/cpu_isas.def"
-    "; FUSEDMLP_ISA forces another one the CPU supports.";
+    "; FUSEDMLP_ISA forces another one the CPU supports. 'aten+<isa>': the ops' GEMMs run "
+    "in ATen, each followed by our epilogue pass at <isa> (the default on a CPU with no level "
+    "measured to beat eager, or FUSEDMLP_CPU_GEMM=aten).";
 
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyMethodDef methods[] = {

@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _C  # noqa: F401  (registers the ops)
+from .registry import cpu_gemm_in_aten
 from .saved_layout import chain_layout, leading_rows
 
 _ops = torch.ops.fusedmlp
@@ -22,8 +23,9 @@ _ops = torch.ops.fusedmlp
 
 def _whole_backward_on_cpu(x: Tensor) -> bool:
     """Whether one fusedmlp::*_backward op runs the backward: on CPU, unless the backward
-    itself is being differentiated (create_graph=True)."""
-    return x.device.type == "cpu" and not torch.is_grad_enabled()
+    itself is being differentiated (create_graph=True) or the CPU's GEMMs run in ATen (then
+    the backward is ATen's GEMMs around our pointwise ops, as eager's is)."""
+    return x.device.type == "cpu" and not torch.is_grad_enabled() and not cpu_gemm_in_aten()
 
 
 def _chain_backward(

@@ -32,3 +32,10 @@ def cpu_isas() -> tuple[CpuIsa, ...]:
         CpuIsa(name, tuple(flags.split()), tuple(features.split()), supported)
         for name, flags, features, supported in _C.cpu_isas()
     )
+
+
+def cpu_gemm_in_aten() -> bool:
+    """Whether the CPU ops' GEMMs run in ATen, each followed by our epilogue pass: the default
+    on a CPU with no kernel level measured to beat eager, or FUSEDMLP_CPU_GEMM=aten
+    (_C.cpu_isa() then says "aten+<isa>")."""
+    return _C.cpu_isa().startswith("aten+")

@@ -2,6 +2,7 @@
  * reference: every activation, bias on/off, strided and transposed operands,
  * sizes that hit every edge-tile case, K = 0, serial and chunked threading.
  * Built with -fsanitize=address,undefined by tests/test_c_kernels.py. */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, strdup */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,6 +254,66 @@ static void test_activation_backward(tally *t, fmlp_dtype dtype, fmlp_activation
     check_close(t, "activation backward", out[i], grad[i] * slope, 1e-7);
   }
   if (t->failed == before) t->passed++;
+}
+
+/* The epilogue passes that follow a host GEMM, against the reference: act(pre) out of
+ * place and in place, and act(gate) * up, over several chunks with a ragged end. */
+static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act) {
+  enum { n = 3 * 16384 + 5 };
+  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  fmlp_input pre, up;
+  void *pre_data = make_matrix(dtype, 1, n, 0, 50, &pre);
+  void *up_data = make_matrix(dtype, 1, n, 0, 51, &up);
+  void *out = malloc(n * elem), *in_place = malloc(n * elem), *product = malloc(n * elem);
+  memcpy(in_place, pre_data, n * elem);
+  const fmlp_threading serial = {NULL, NULL, 1};
+  const int before = t->failed;
+  if (fmlp_cpu_activation_forward(dtype, n, pre_data, act, out, &serial) != FMLP_OK ||
+      fmlp_cpu_activation_forward(dtype, n, in_place, act, in_place, &serial) != FMLP_OK ||
+      fmlp_cpu_gated_product(dtype, n, pre_data, up_data, act, product, &serial) != FMLP_OK) {
+    t->failed++;
+  }
+  const double tol = dtype == FMLP_F64 ? 1e-12 : 1e-6;
+  for (int64_t i = 0; i < n && t->failed == before; ++i) {
+    const double want = reference_activation(element(dtype, pre_data, i), act);
+    check_close(t, "activation forward", element(dtype, out, i), want, tol);
+    check_close(t, "activation forward in place", element(dtype, in_place, i), want, tol);
+    check_close(t, "gated product", element(dtype, product, i),
+                want * element(dtype, up_data, i), tol);
+  }
+  if (t->failed == before) t->passed++;
+  free(pre_data);
+  free(up_data);
+  free(out);
+  free(in_place);
+  free(product);
+}
+
+/* Where GEMMs run: by default our kernels only on x86 with AVX2 (the levels measured to
+ * beat eager); FUSEDMLP_CPU_GEMM=aten picks ATen's GEMM, FUSEDMLP_ISA our kernels. */
+static void test_gemm_path(tally *t) {
+  const char *isa = getenv("FUSEDMLP_ISA"), *gemm = getenv("FUSEDMLP_CPU_GEMM");
+  char *saved_isa = isa != NULL ? strdup(isa) : NULL;
+  char *saved_gemm = gemm != NULL ? strdup(gemm) : NULL;
+#if defined(__x86_64__) || defined(__i386__)
+  const fmlp_cpu_gemm by_default =
+      fmlp_cpu_isa_supported(FMLP_ISA_AVX2) ? FMLP_GEMM_KERNELS : FMLP_GEMM_HOST;
+#else
+  const fmlp_cpu_gemm by_default = FMLP_GEMM_HOST;
+#endif
+  unsetenv("FUSEDMLP_ISA");
+  unsetenv("FUSEDMLP_CPU_GEMM");
+  int ok = fmlp_cpu_gemm_in_use() == by_default;
+  setenv("FUSEDMLP_ISA", "portable", 1);
+  ok = ok && fmlp_cpu_gemm_in_use() == FMLP_GEMM_KERNELS;
+  setenv("FUSEDMLP_CPU_GEMM", "aten", 1);
+  ok = ok && fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST;
+  saved_isa != NULL ? setenv("FUSEDMLP_ISA", saved_isa, 1) : unsetenv("FUSEDMLP_ISA");
+  saved_gemm != NULL ? setenv("FUSEDMLP_CPU_GEMM", saved_gemm, 1) : unsetenv("FUSEDMLP_CPU_GEMM");
+  free(saved_isa);
+  free(saved_gemm);
+  ok ? t->passed++ : t->failed++;
+  if (!ok) fprintf(stderr, "FAIL the default GEMM path or its overrides\n");
 }
 
 /* A two-layer chain's gradients: a training fmlp_cpu_chain, then
@@ -549,6 +610,7 @@ int main(int argc, char **argv) {
        * that ends inside a gated tile part */
       test_gated(&t, (fmlp_dtype)dtype, 70, 1100, 37, (fmlp_activation)act, &serial);
       test_activation_backward(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
+      test_epilogue_passes(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
     }
     test_linear(&t, (fmlp_dtype)dtype, 0, 5, 7, FMLP_ACT_RELU, 1, 0, &serial);
     const int64_t narrow_widths[4] = {19, 37, 5, 23};
@@ -582,6 +644,7 @@ int main(int argc, char **argv) {
   for (int64_t rows = 1; rows <= 65; rows += 64) test_gated_product_stage(&t, rows, &serial);
   test_invalid_arguments(&t);
   test_huge_page_advice(&t);
+  test_gemm_path(&t);
   printf("%d passed, %d failed\n", t.passed, t.failed);
   return t.failed == 0 ? 0 : 1;
 }

@@ -38,6 +38,19 @@ fmlp_cpu_isa fmlp_cpu_isa_in_use(void);
 /* The registry's name of an instruction set: "portable", "vector", "avx2"... */
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa);
 
+/* Where the CPU ops' matrix products run: our kernels, or the host
+ * framework's GEMM (ATen) followed by our epilogue pass
+ * (fmlp_cpu_activation_forward, fmlp_cpu_gated_product). */
+typedef enum { FMLP_GEMM_KERNELS = 0, FMLP_GEMM_HOST = 1 } fmlp_cpu_gemm;
+
+/* FMLP_GEMM_HOST when the environment variable FUSEDMLP_CPU_GEMM is "aten";
+ * else FMLP_GEMM_KERNELS when FUSEDMLP_ISA names an ISA the CPU supports (it
+ * forces our kernels) or the CPU supports an ISA the registry lists as
+ * measured to beat eager (FMLP_BEATS_EAGER); else FMLP_GEMM_HOST: never
+ * slower than eager by default. Computed on each call, like
+ * fmlp_cpu_isa_in_use. */
+fmlp_cpu_gemm fmlp_cpu_gemm_in_use(void);
+
 /* Runs fn over the task range [0, n_tasks), split into chunks that may run
  * concurrently. The kernels never start threads themselves: the caller's
  * thread pool (e.g. ATen's) does, so there is one OpenMP runtime only. */
@@ -152,6 +165,16 @@ fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *gra
                                     const void *gate, const void *up, fmlp_activation activation,
                                     void *grad_gate, void *grad_up,
                                     const fmlp_threading *threading);
+
+/* The epilogue passes that follow a host GEMM (FMLP_GEMM_HOST), elementwise
+ * over n contiguous values: out = act(pre) (out may be pre), and
+ * product = act(gate) * up (product overlaps neither). */
+fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t n, const void *pre,
+                                        fmlp_activation activation, void *out,
+                                        const fmlp_threading *threading);
+fmlp_status fmlp_cpu_gated_product(fmlp_dtype dtype, int64_t n, const void *gate,
+                                   const void *up, fmlp_activation activation, void *product,
+                                   const fmlp_threading *threading);
 
 #ifdef __cplusplus
 }

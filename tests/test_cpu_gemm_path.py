@@ -1,0 +1,105 @@
+"""Never slower than eager by default: on a CPU with no kernel level measured to beat eager
+(anything but x86 with AVX2), the ops' GEMMs run in ATen, each followed by our epilogue pass
+in the same op. This CPU has AVX2, so the tests take that path with FUSEDMLP_CPU_GEMM=aten,
+its epilogue at a forced level that is not measured to beat eager."""
+
+from __future__ import annotations
+
+import fusedmlp
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import ACTIVATIONS, FUNCTIONAL, assert_matches_reference
+from fusedmlp import _C
+from fusedmlp.registry import cpu_gemm_in_aten, cpu_isas
+
+ISAS = {isa.name: isa for isa in cpu_isas()}
+
+
+@pytest.fixture(params=["portable", "vector"])
+def aten_path(request, monkeypatch) -> str:
+    monkeypatch.setenv("FUSEDMLP_ISA", request.param)
+    monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
+    assert _C.cpu_isa() == f"aten+{request.param}"
+    assert cpu_gemm_in_aten()
+    return request.param
+
+
+def test_the_default_path_and_what_forces_the_kernels(monkeypatch):
+    monkeypatch.delenv("FUSEDMLP_ISA", raising=False)
+    monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
+    best = [isa.name for isa in ISAS.values() if isa.supported][-1]
+    measured = "avx2" in ISAS and ISAS["avx2"].supported
+    assert _C.cpu_isa() == (best if measured else f"aten+{best}")
+    monkeypatch.setenv("FUSEDMLP_ISA", "portable")  # a forced level runs our kernels
+    assert _C.cpu_isa() == "portable"
+    assert not cpu_gemm_in_aten()
+
+
+def sample(*shape: int, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    return (torch.randn(*shape, generator=generator) * shape[-1] ** -0.5).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_linear_and_its_gradients_match_eager(aten_path, activation, dtype, generator):
+    x = sample(2, 37, 29, generator=generator, dtype=dtype).requires_grad_()
+    weight = sample(45, 29, generator=generator, dtype=dtype).requires_grad_()
+    bias = sample(45, generator=generator, dtype=dtype).requires_grad_()
+    y = fusedmlp.linear(x, weight, bias, activation)
+    grad_y = torch.randn(y.shape, generator=generator).to(dtype)
+    y.backward(grad_y)
+    inputs = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    expected = FUNCTIONAL[activation](F.linear(*inputs))
+    expected.backward(grad_y.double())
+    assert_matches_reference(y, expected.detach())
+    for got, want in zip((x, weight, bias), inputs):
+        assert_matches_reference(got.grad, want.grad)
+
+
+def test_mlp_and_gated_match_eager(aten_path, generator):
+    x = sample(70, 33, generator=generator, dtype=torch.float64).requires_grad_()
+    weights = [sample(*shape, generator=generator, dtype=torch.float64).requires_grad_()
+               for shape in ((40, 33), (24, 40))]
+    y = fusedmlp.mlp(x, weights, activation="silu")
+    expected = F.linear(F.silu(F.linear(x, weights[0])), weights[1])
+    torch.testing.assert_close(y, expected)
+    grads = torch.autograd.grad(y.sum(), [x, *weights])
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), [x, *weights]))
+
+    w_gate, w_up = (sample(40, 33, generator=generator, dtype=torch.float64) for _ in range(2))
+    w_down = sample(33, 40, generator=generator, dtype=torch.float64)
+    parameters = [w.requires_grad_() for w in (w_gate, w_up, w_down)]
+    y = fusedmlp.gated_mlp(x, w_gate, w_up, w_down, "gelu_tanh")
+    expected = F.linear(FUNCTIONAL["gelu_tanh"](F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+    torch.testing.assert_close(y, expected)
+    grads = torch.autograd.grad(y.sum(), [x, *parameters])
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), [x, *parameters]))
+
+
+def gemms_inside(op: str, run) -> int:
+    """How many aten::addmm / aten::mm events the profiler shows inside `op`'s event."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    events = prof.events()
+    assert any(e.name == op for e in events), sorted({e.name for e in events})
+
+    def inside(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None and parent.name != op:
+            parent = parent.cpu_parent
+        return parent is not None
+
+    return sum(e.name in ("aten::addmm", "aten::mm") and inside(e) for e in events)
+
+
+def test_the_profiler_shows_atens_gemm_inside_our_op(aten_path, monkeypatch, generator):
+    x = sample(16, 32, generator=generator, dtype=torch.float32)
+    w_gate, w_up = (sample(48, 32, generator=generator, dtype=torch.float32) for _ in range(2))
+    w_down = sample(32, 48, generator=generator, dtype=torch.float32)
+    linear = lambda: fusedmlp.linear(x, w_gate, None, "gelu")  # noqa: E731
+    gated = lambda: fusedmlp.gated_mlp(x, w_gate, w_up, w_down)  # noqa: E731
+    assert gemms_inside("fusedmlp::linear", linear) == 1
+    assert gemms_inside("fusedmlp::gated_mlp", gated) == 3
+    monkeypatch.delenv("FUSEDMLP_CPU_GEMM")  # the forced level alone: our kernels
+    assert gemms_inside("fusedmlp::linear", linear) == 0
