@@ -121,13 +121,24 @@ def run(command: list[str]) -> None:
     assert result.returncode == 0, " ".join(command) + "\n" + result.stdout + result.stderr
 
 
+# The vector-extension unit built for 256-bit vectors with AVX2 and FMA, instead of 128-bit
+# SSE2: the speed proxy for the ARM kernels (scripts/vector_proxy.py), and its C tests.
+VECTOR_256_FLAGS = {"vector": ("-mavx2", "-mfma", "-ffp-contract=fast", "-DFMLP_VECTOR_BYTES=32")}
+
+
 def build_c_test(
-    source: Path, output: Path, link_flags: tuple[str, ...] = (), target: CTarget = NATIVE
+    source: Path,
+    output: Path,
+    link_flags: tuple[str, ...] = (),
+    target: CTarget = NATIVE,
+    isa_flags: dict[str, tuple[str, ...]] | None = None,
 ) -> None:
-    """Each ISA's kernel units become objects with that ISA's flags; the rest (the API, the
-    units built without flags) is built with none, as in setup.py."""
+    """Each ISA's kernel units become objects with that ISA's flags (isa_flags: other flags
+    for some ISAs' units); the rest (the API, the units built without flags) is built with
+    none, as in setup.py."""
     units = target.units()
     flags = {name: flags for _, name, flags in registry_isas()}
+    flags.update(isa_flags or {})
     objects = []
     for path, isa in units.items():
         if flags[isa]:

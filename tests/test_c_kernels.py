@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from c_build import ISAS, ROOT, build_c_test, isa_environment
+from c_build import ISAS, ROOT, VECTOR_256_FLAGS, build_c_test, isa_environment
 
 
 @pytest.fixture(scope="module")
@@ -28,3 +28,17 @@ def test_c_kernels_under_sanitizers(c_test_binary: Path, isa: str) -> None:
     assert result.stdout.splitlines()[0] == f"isa {isa}"
     assert result.stdout.strip().endswith("0 failed")
     assert "runtime error" not in result.stderr  # UBSan findings
+
+
+def test_c_kernels_vector_unit_at_256_bits(tmp_path: Path) -> None:
+    """The vector-extension unit built for 256-bit vectors (the speed proxy's build, whose
+    8 x 8 transpose and tiles the 128-bit build never runs) passes the same tests."""
+    env = isa_environment("avx2")  # skips without AVX2 and FMA
+    binary = tmp_path / "test_kernels_vector_256"
+    build_c_test(ROOT / "tests" / "c" / "test_kernels.c", binary, isa_flags=VECTOR_256_FLAGS)
+    env["FUSEDMLP_ISA"] = "vector"
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == "isa vector"
+    assert result.stdout.strip().endswith("0 failed")
+    assert "runtime error" not in result.stderr

@@ -59,8 +59,10 @@ def test_linear_and_its_gradients_match_eager(aten_path, activation, dtype, gene
 
 def test_mlp_and_gated_match_eager(aten_path, generator):
     x = sample(70, 33, generator=generator, dtype=torch.float64).requires_grad_()
-    weights = [sample(*shape, generator=generator, dtype=torch.float64).requires_grad_()
-               for shape in ((40, 33), (24, 40))]
+    weights = [
+        sample(*shape, generator=generator, dtype=torch.float64).requires_grad_()
+        for shape in ((40, 33), (24, 40))
+    ]
     y = fusedmlp.mlp(x, weights, activation="silu")
     expected = F.linear(F.silu(F.linear(x, weights[0])), weights[1])
     torch.testing.assert_close(y, expected)

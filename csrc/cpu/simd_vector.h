@@ -6,7 +6,10 @@
  *
  * The unit defines FMLP_VECTOR_REGISTERS first: the vector registers of the
  * CPU it is tiled for (16 on x86-64, 32 on aarch64), which the compiler
- * cannot tell us when the same source is built for another target. */
+ * cannot tell us when the same source is built for another target.
+ * FMLP_VECTOR_BYTES (16 unless defined) is the vector size: 32 builds the
+ * same source for 256-bit vectors, as the speed proxy against the AVX2
+ * kernels does (scripts/vector_proxy.py). */
 #ifndef FUSEDMLP_CPU_SIMD_VECTOR_H
 #define FUSEDMLP_CPU_SIMD_VECTOR_H
 
@@ -19,14 +22,28 @@
 #ifndef FMLP_VECTOR_REGISTERS
 #error "a vector-extension unit defines FMLP_VECTOR_REGISTERS (its target's vector registers)"
 #endif
-#define FMLP_SIMD_WIDTH 4
+#ifndef FMLP_VECTOR_BYTES
+#define FMLP_VECTOR_BYTES 16
+#endif
+#if FMLP_VECTOR_BYTES != 16 && FMLP_VECTOR_BYTES != 32
+#error "FMLP_VECTOR_BYTES is 16 or 32 (v_transpose has those two)"
+#endif
+#define FMLP_SIMD_WIDTH (FMLP_VECTOR_BYTES / 4)
 #define FMLP_SIMD_REGISTERS FMLP_VECTOR_REGISTERS
 
-typedef float vreal __attribute__((vector_size(16)));
-typedef int32_t vmask __attribute__((vector_size(16))); /* lanes all ones or all zeros */
+typedef float vreal __attribute__((vector_size(FMLP_VECTOR_BYTES)));
+/* lanes all ones or all zeros */
+typedef int32_t vmask __attribute__((vector_size(FMLP_VECTOR_BYTES)));
 
-static inline vreal v_zero(void) { return (vreal){0.0f, 0.0f, 0.0f, 0.0f}; }
-static inline vreal v_set1(float x) { return (vreal){x, x, x, x}; }
+static inline vreal v_zero(void) { return (vreal){0.0f}; }
+/* spelled out: a loop over the lanes went through the stack (GCC 12) */
+static inline vreal v_set1(float x) {
+#if FMLP_SIMD_WIDTH == 8
+  return (vreal){x, x, x, x, x, x, x, x};
+#else
+  return (vreal){x, x, x, x};
+#endif
+}
 /* memcpy: unaligned, and no aliasing question; compilers emit one load. */
 static inline vreal v_load(const float *p) {
   vreal v;
@@ -36,12 +53,17 @@ static inline vreal v_load(const float *p) {
 static inline void v_store(float *p, vreal v) { memcpy(p, &v, sizeof v); }
 /* The first n (0..4) lanes, the rest zero; nothing past n is read. */
 static inline vreal v_load_first(const float *p, int64_t n) {
+  if (n >= FMLP_SIMD_WIDTH) return v_load(p); /* whole tiles: one load, not a lane loop */
   vreal v = v_zero();
-  for (int64_t i = 0; i < n && i < FMLP_SIMD_WIDTH; ++i) v[i] = p[i];
+  for (int64_t i = 0; i < n; ++i) v[i] = p[i];
   return v;
 }
 static inline void v_store_first(float *p, vreal v, int64_t n) {
-  for (int64_t i = 0; i < n && i < FMLP_SIMD_WIDTH; ++i) p[i] = v[i];
+  if (n >= FMLP_SIMD_WIDTH) {
+    v_store(p, v);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) p[i] = v[i];
 }
 static inline vreal v_add(vreal a, vreal b) { return a + b; }
 static inline vreal v_sub(vreal a, vreal b) { return a - b; }
@@ -95,8 +117,36 @@ static inline vreal v_select_less_equal(vreal a, vreal b, vreal if_true, vreal o
   return v_select(a <= b, if_true, otherwise);
 }
 
-static inline float v_sum(vreal a) { return (a[0] + a[2]) + (a[1] + a[3]); }
+static inline float v_sum(vreal a) {
+#if FMLP_SIMD_WIDTH == 8
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+#else
+  return (a[0] + a[2]) + (a[1] + a[3]);
+#endif
+}
 
+#if FMLP_SIMD_WIDTH == 8
+/* r[i][j] = r[j][i] for an 8 x 8 block held as 8 rows: pairs of rows
+ * interleaved, then pairs of pairs, then halves. */
+static inline void v_transpose(vreal r[8]) {
+  vreal t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[2 * i + 1] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      const vreal a = t[4 * i + j], b = t[4 * i + j + 2];
+      u[4 * i + 2 * j] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13);
+      u[4 * i + 2 * j + 1] = __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = __builtin_shufflevector(u[c], u[c + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[c + 4] = __builtin_shufflevector(u[c], u[c + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+#else
 /* r[i][j] = r[j][i] for a 4 x 4 block held as 4 rows. */
 static inline void v_transpose(vreal r[4]) {
   const vreal t0 = __builtin_shufflevector(r[0], r[1], 0, 4, 1, 5);
@@ -108,5 +158,6 @@ static inline void v_transpose(vreal r[4]) {
   r[2] = __builtin_shufflevector(t1, t3, 0, 1, 4, 5);
   r[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
 }
+#endif
 
 #endif /* FUSEDMLP_CPU_SIMD_VECTOR_H */
