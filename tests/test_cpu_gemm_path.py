@@ -57,6 +57,20 @@ def test_linear_and_its_gradients_match_eager(aten_path, activation, dtype, gene
         assert_matches_reference(got.grad, want.grad)
 
 
+@pytest.mark.parametrize("rows,features", [(0, 29), (5, 0)])
+def test_empty_products_match_eager(aten_path, rows, features, generator):
+    x = torch.randn(rows, features, generator=generator)
+    weight = torch.randn(7, features, generator=generator)
+    bias = torch.randn(7, generator=generator)
+    expected = F.gelu(F.linear(x, weight, bias))
+    torch.testing.assert_close(fusedmlp.linear(x, weight, bias, "gelu"), expected)
+    w_gate, w_up = (torch.randn(6, features, generator=generator) for _ in range(2))
+    w_down = torch.randn(features, 6, generator=generator)
+    gated = fusedmlp.gated_mlp(x, w_gate, w_up, w_down, "silu", bias_gate=bias[:6])
+    gate, up = F.linear(x, w_gate, bias[:6]), F.linear(x, w_up)
+    torch.testing.assert_close(gated, F.linear(F.silu(gate) * up, w_down))
+
+
 def test_mlp_and_gated_match_eager(aten_path, generator):
     x = sample(70, 33, generator=generator, dtype=torch.float64).requires_grad_()
     weights = [

@@ -79,6 +79,21 @@ void host_gemm_layer(const char *op, const at::Tensor &x, const at::Tensor &w,
                op);
 }
 
+// The gated block on the host-GEMM path: gate and up by ATen's GEMM into
+// block[0] and block[1], our pass block[2] = act(gate) * up, then y = down(block[2]).
+void host_gemm_gated(const char *op, const at::Tensor &x, const std::array<at::Tensor, 3> &w,
+                     const std::array<at::Tensor, 3> &b, fmlp_activation activation,
+                     const std::array<at::Tensor, 3> &block, const at::Tensor &y,
+                     const fmlp_threading &threading) {
+  host_gemm(block[0], x, w[0], b[0]);
+  host_gemm(block[1], x, w[1], b[1]);
+  check_status(fmlp_cpu_gated_product(kernel_dtype(y.scalar_type()), block[2].numel(),
+                                      block[0].data_ptr(), block[1].data_ptr(), activation,
+                                      block[2].data_ptr(), &threading),
+               op);
+  host_gemm(y, block[2], w[2], b[2]);
+}
+
 struct CpuBackend {
   static std::vector<at::ScalarType> dtypes() { return cpu_dtypes(); }
 
@@ -172,18 +187,11 @@ struct CpuBackend {
     at::Tensor saved = at::empty({save ? 3 : 0, rows, hidden}, options);
     const fmlp_threading threading = aten_threading();
     if (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST) {
-      const std::array<at::Tensor, 3> block =
-          save ? std::array<at::Tensor, 3>{saved[0], saved[1], saved[2]}
-               : std::array<at::Tensor, 3>{at::empty({rows, hidden}, options),
-                                           at::empty({rows, hidden}, options),
-                                           at::empty({rows, hidden}, options)};
-      host_gemm(block[0], x, wg, bg);
-      host_gemm(block[1], x, wu, bu);
-      check_status(fmlp_cpu_gated_product(kernel_dtype(compute), rows * hidden,
-                                          block[0].data_ptr(), block[1].data_ptr(), activation,
-                                          block[2].data_ptr(), &threading),
-                   op);
-      host_gemm(y, block[2], wd, bd);
+      const auto block = [&](int64_t i) {  // gate, up, product: saved, or scratch
+        return save ? saved[i] : at::empty({rows, hidden}, options);
+      };
+      host_gemm_gated(op, x, {wg, wu, wd}, {bg, bu, bd}, activation,
+                      {block(0), block(1), block(2)}, y, threading);
       return {as_type(y, storage), as_type(saved, storage)};
     }
     // Under a profiler the block runs in two labelled stages (gate and up with their
