@@ -1,8 +1,10 @@
 /* The CPU kernels in single precision for AVX2 + FMA; this file alone is
  * compiled with -mavx2 -mfma and only runs after CPUID says it may. */
-#define REAL float /* storage and accumulator */
+#define REAL float /* the accumulator */
+#define STORE float /* and the storage */
 #define REAL_SUFFIX f32_avx2
 #include "simd_avx2.h"
+#include "storage_real.h"
 /* 6 x 2 ymm accumulators, 2 loads of b and one broadcast of a: 15 of the 16
  * registers. */
 #define GEMM_MR 6

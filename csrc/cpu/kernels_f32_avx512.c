@@ -1,9 +1,11 @@
 /* The CPU kernels in single precision for AVX-512; this file alone is
  * compiled with -mavx512f -mavx512dq -mavx512bw -mavx512vl -mfma and only
  * runs after CPUID says it may. */
-#define REAL float /* storage and accumulator */
+#define REAL float /* the accumulator */
+#define STORE float /* and the storage */
 #define REAL_SUFFIX f32_avx512
 #include "simd_avx512.h"
+#include "storage_real.h"
 /* 12 x 2 zmm accumulators, 2 loads of b and one broadcast of a: 27 of the 32
  * registers. */
 #define GEMM_MR 12
