@@ -263,7 +263,7 @@ static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t row
         .save_gate_up = t->save_gate_up,
     };
     const int64_t half_rows = rows - half < GATED_MR ? rows - half : GATED_MR;
-    FN(microkernel_gated)(kc, a_panel + half, t->gate_w->data + panel_at,
+    FMLP_MICROKERNEL_GATED(kc, a_panel + half, t->gate_w->data + panel_at,
                           t->up_w->data + panel_at, half_rows, cols, &ep);
   }
 }

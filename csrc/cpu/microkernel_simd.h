@@ -32,9 +32,15 @@ _Static_assert(GEMM_MR * GEMM_NV + GEMM_NV + 1 <= FMLP_SIMD_REGISTERS, "GEMM_MR 
 #define FMLP_TRANSPOSED_KERNELS 1
 #define FMLP_GATED_KERNEL 1
 /* Weight panels (NR rows) and input panels (MR rows) are packed K-major,
- * transposed through registers. */
+ * transposed through registers, for the float micro-kernels below; a unit
+ * whose micro-kernel header names its own packing and packed micro-kernels
+ * first (microkernel_dpbf16.h) keeps those, and the rest of this file. */
+#ifndef FMLP_MICROKERNEL
 #define FMLP_PACK_WEIGHT_PANEL FN(pack_k_major)
 #define FMLP_PACK_INPUT_PANEL FN(pack_k_major)
+#define FMLP_MICROKERNEL FN(microkernel_packed)
+#define FMLP_MICROKERNEL_GATED FN(microkernel_gated)
+#endif
 
 /* dst[c * dst_stride + r] = src[r * src_stride + c] for r < stored_rows and
  * c < cols, with rows at or past n_rows (<= stored_rows <= W) zero: W x W
@@ -126,8 +132,9 @@ static FMLP_ALWAYS_INLINE void FN(store_tile)(vreal acc[GEMM_MR][GEMM_NV], STORE
 
 /* Packed a (an MR-tall panel, element (i, kk) at a[kk * MR + i]) times the
  * packed b panel, into the row-major tile c (rows x cols of it inside). */
-static void FN(microkernel_packed)(int64_t kc, const REAL *restrict a, const REAL *restrict b,
-                                   STORE *c, int64_t ldc, int64_t rows, int64_t cols,
+/* (unused where the unit names its own packed micro-kernels) */
+static __attribute__((unused)) void FN(microkernel_packed)(int64_t kc, const REAL *restrict a,
+                                   const REAL *restrict b, STORE *c, int64_t ldc, int64_t rows, int64_t cols,
                                    const FN(tile_epilogue) *ep) {
   vreal acc[GEMM_MR][GEMM_NV];
   vreal start[GEMM_NV];
@@ -326,8 +333,8 @@ static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GEMM_NV]
  * (i, kk) at a[kk * MR + i]); b_gate, b_up: the matching packed weight
  * panels. Gate and up accumulate in one pass over K, so the input is read
  * once and act(gate) * up is stored without a round trip through memory. */
-static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL *restrict b_gate,
-                                  const REAL *restrict b_up, int64_t rows, int64_t cols,
+static __attribute__((unused)) void FN(microkernel_gated)(int64_t kc, const REAL *restrict a,
+                                  const REAL *restrict b_gate, const REAL *restrict b_up, int64_t rows, int64_t cols,
                                   const FN(gated_tile_epilogue) *ep) {
   vreal gate[GATED_MR][GEMM_NV], up[GATED_MR][GEMM_NV];
   FN(load_gated_start)(gate, ep->bias_gate, ep->gate, ep->gate_up_stride, ep->first_k_block,
@@ -378,5 +385,4 @@ static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL
   }
 }
 
-#define FMLP_MICROKERNEL FN(microkernel_packed)
 #include "few_rows_simd.h"
