@@ -121,3 +121,20 @@ def test_gated_mlp(isa, activation, rows, generator):
         return fusedmlp.gated_mlp(x, wg, wu, wd, activation, bg, bu, bd)
 
     assert_no_worse_than_eager(fused, eager, inputs, dim, generator)
+
+
+@pytest.mark.parametrize("rows", [3, 24, 100])
+def test_one_rounding_at_the_store(isa, rows, generator):
+    """Inputs whose float sums are exact (small integers times 1/256), so the kernels' only
+    rounding is the store's: bitwise what PyTorch's float -> bfloat16 conversion gives (nearest,
+    ties to even), ties included; NaN stays NaN."""
+    x = torch.randint(-8, 9, (rows, 4), generator=generator).bfloat16()
+    w = (torch.randint(-255, 256, (96, 4), generator=generator) / 256).bfloat16()
+    b = (torch.randint(-255, 256, (96,), generator=generator) / 16).bfloat16()
+    x[rows // 2, 1] = float("nan")
+    y = fusedmlp.linear(x, w, b, "none")
+    expected = (x.float() @ w.float().T + b.float()).bfloat16()
+    assert torch.equal(y.isnan(), expected.isnan())
+    assert y.isnan()[rows // 2].all()
+    finite = ~expected.isnan()
+    assert torch.equal(y[finite].view(torch.int16), expected[finite].view(torch.int16))
