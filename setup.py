@@ -118,11 +118,12 @@ def cpu_isa_registry() -> tuple[dict[str, list[str]], dict[str, str], set[str]]:
         if isa_architecture(features) in (None, target_architecture())
     }
     units = re.findall(r"^FMLP_KERNELS\(\w+, (\w+), (\w+)\)", text, re.MULTILINE)
-    sources = {isa_id: f"csrc/cpu/kernels_{suffix}.c" for isa_id, suffix in units}
+    # an ISA may have a unit per dtype: keyed by source
+    sources = {f"csrc/cpu/kernels_{suffix}.c": isa_id for isa_id, suffix in units}
     return (
         dict(here.values()),
-        {source: here[isa_id][0] for isa_id, source in sources.items() if isa_id in here},
-        set(sources.values()),
+        {source: here[isa_id][0] for source, isa_id in sources.items() if isa_id in here},
+        set(sources),
     )
 
 

@@ -6,6 +6,8 @@ import fusedmlp
 import pytest
 import torch
 import torch.nn.functional as F
+from fusedmlp import _C
+from fusedmlp.registry import cpu_isas
 from torch import Tensor, nn
 
 ACTIVATIONS = list(fusedmlp.ACTIVATIONS)
@@ -17,6 +19,19 @@ DTYPES = {
 }
 DEVICE_DTYPES = [(device, dtype) for device in DEVICES for dtype in DTYPES[device]]
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+ISAS = {isa.name: isa for isa in cpu_isas()}
+
+
+@pytest.fixture(params=list(ISAS))
+def isa(request, monkeypatch) -> str:
+    """Each instruction set the CPU has, forced with FUSEDMLP_ISA for the test."""
+    if not ISAS[request.param].supported:
+        pytest.skip(f"this CPU lacks some of {list(ISAS[request.param].cpu_features)}")
+    monkeypatch.setenv("FUSEDMLP_ISA", request.param)
+    assert _C.cpu_isa() == request.param
+    return request.param
 
 
 def reference_activation(name: str) -> nn.Module:

@@ -9,9 +9,7 @@ import pytest
 import torch
 from conftest import assert_matches_reference, reference_linear
 from fusedmlp import _C
-from fusedmlp.registry import cpu_isas
 
-ISAS = {isa.name: isa for isa in cpu_isas()}
 EDGE = list(range(1, 34))
 PRIMES = [37, 61, 97, 127]
 # (rows, out, in): one dimension sweeps 1..33 while the others stay odd; then large ones
@@ -22,15 +20,6 @@ SHAPES = (
     + [(p, q, r) for p, q, r in zip(PRIMES, reversed(PRIMES), PRIMES[1:] + PRIMES[:1])]
     + [(64, 45, 1100), (65, 33, 1031), (1001, 1031, 67), (7, 1030, 1025)]
 )
-
-
-@pytest.fixture(params=list(ISAS))
-def isa(request, monkeypatch) -> str:
-    if not ISAS[request.param].supported:
-        pytest.skip(f"this CPU lacks some of {list(ISAS[request.param].cpu_features)}")
-    monkeypatch.setenv("FUSEDMLP_ISA", request.param)
-    assert _C.cpu_isa() == request.param
-    return request.param
 
 
 def portable(fn, *args, **kwargs):

@@ -9,8 +9,8 @@
 
 typedef struct {
   int64_t n;
-  const REAL *grad, *pre, *up;
-  REAL *grad_pre, *grad_up; /* grad_up != NULL: the gated backward */
+  const STORE *grad, *pre, *up;
+  STORE *grad_pre, *grad_up; /* grad_up != NULL: the gated backward */
   fmlp_activation activation;
 } FN(pointwise_job);
 
@@ -19,12 +19,14 @@ static void FN(pointwise_backward_task)(void *context, int64_t begin, int64_t en
   for (int64_t chunk = begin; chunk < end; ++chunk) {
     const int64_t start = chunk * POINTWISE_CHUNK;
     const int64_t len = job->n - start < POINTWISE_CHUNK ? job->n - start : POINTWISE_CHUNK;
-    REAL *grad_pre = job->grad_pre + start;
-    const REAL *grad = job->grad + start;
+    STORE *grad_pre = job->grad_pre + start;
+    const STORE *grad = job->grad + start;
     if (job->grad_up != NULL) {
       /* grad_up = grad * act(gate); grad_gate = grad * up * act'(gate) */
       FN(gate_product_row)(job->pre + start, grad, len, job->activation, job->grad_up + start);
-      for (int64_t i = 0; i < len; ++i) grad_pre[i] = grad[i] * job->up[start + i];
+      for (int64_t i = 0; i < len; ++i) {
+        grad_pre[i] = to_store(to_real(grad[i]) * to_real(job->up[start + i]));
+      }
       grad = grad_pre;
     }
     FN(activation_grad_span)(grad_pre, grad, job->pre + start, len, job->activation);
@@ -64,7 +66,7 @@ static fmlp_input FN(transposed)(fmlp_input m) {
  * without bias or activation: the forward's packing, micro-kernels and
  * threads, over whatever strides x and w have. */
 static fmlp_status FN(product)(fmlp_input x, int64_t rows, fmlp_input w, int64_t n, int64_t k,
-                               REAL *c, const fmlp_threading *threading) {
+                               STORE *c, const fmlp_threading *threading) {
   const int64_t widths[2] = {k, n};
   const fmlp_cpu_chain_args args = {
       .rows = rows,
@@ -85,8 +87,8 @@ static fmlp_status FN(product)(fmlp_input x, int64_t rows, fmlp_input w, int64_t
  * column sums of it. */
 typedef struct {
   int64_t rows, width, chunk_rows;
-  const REAL *grad, *pre;
-  REAL *grad_pre;     /* may be grad itself; unused without pre */
+  const STORE *grad, *pre;
+  STORE *grad_pre;     /* may be grad itself; unused without pre */
   REAL *partial_sums; /* n_chunks x width, or NULL */
   fmlp_activation activation;
 } FN(grad_pre_job);
@@ -100,14 +102,14 @@ static void FN(grad_pre_task)(void *context, int64_t begin, int64_t end) {
     REAL *sums = job->partial_sums != NULL ? job->partial_sums + chunk * width : NULL;
     if (sums != NULL) memset(sums, 0, (size_t)width * sizeof(REAL));
     for (int64_t r = r0; r < r1; ++r) {
-      const REAL *grad_pre = job->grad + r * width;
+      const STORE *grad_pre = job->grad + r * width;
       if (job->pre != NULL) {
-        REAL *out = job->grad_pre + r * width;
+        STORE *out = job->grad_pre + r * width;
         FN(activation_grad_span)(out, grad_pre, job->pre + r * width, width, job->activation);
         grad_pre = out;
       }
       if (sums != NULL) {
-        for (int64_t j = 0; j < width; ++j) sums[j] += grad_pre[j];
+        for (int64_t j = 0; j < width; ++j) sums[j] += to_real(grad_pre[j]);
       }
     }
   }
@@ -116,7 +118,7 @@ static void FN(grad_pre_task)(void *context, int64_t begin, int64_t end) {
 /* grad_pre (rows x width) and, when grad_bias is set, its column sums,
  * added up chunk by chunk in a fixed order so the result does not depend on
  * which thread ran which chunk. */
-static fmlp_status FN(grad_pre_pass)(FN(grad_pre_job) job, REAL *grad_bias,
+static fmlp_status FN(grad_pre_pass)(FN(grad_pre_job) job, STORE *grad_bias,
                                      const fmlp_threading *threading) {
   if (job.pre == NULL && grad_bias == NULL) return FMLP_OK;
   job.chunk_rows = job.width > 0 && job.width < POINTWISE_CHUNK ? POINTWISE_CHUNK / job.width : 1;
@@ -129,10 +131,10 @@ static fmlp_status FN(grad_pre_pass)(FN(grad_pre_job) job, REAL *grad_bias,
   FN(run_tasks)(FN(threading_for)(threading, job.rows * job.width, PARALLEL_MIN_ELEMENTS),
                 n_chunks, &job, FN(grad_pre_task));
   if (grad_bias != NULL) {
-    memset(grad_bias, 0, (size_t)job.width * sizeof(REAL));
-    for (int64_t chunk = 0; chunk < n_chunks; ++chunk) {
-      const REAL *sums = job.partial_sums + chunk * job.width;
-      for (int64_t j = 0; j < job.width; ++j) grad_bias[j] += sums[j];
+    for (int64_t j = 0; j < job.width; ++j) {
+      REAL sum = 0; /* in REAL, rounded once */
+      for (int64_t chunk = 0; chunk < n_chunks; ++chunk) sum += job.partial_sums[chunk * job.width + j];
+      grad_bias[j] = to_store(sum);
     }
     free(job.partial_sums);
   }
@@ -156,28 +158,28 @@ static fmlp_status FN(grad_pre_pass)(FN(grad_pre_job) job, REAL *grad_bias,
  * every row tile passes over it: a 16-row dX over a 3072 x 768 weight would
  * otherwise stream the weight from memory once per row tile. A later block
  * starts from the stored partial sums, so each element still sums over K in
- * order. */
-#define SMALL_PRODUCT_KC 256
+ * order; storage narrower than REAL would round them, so there K is one block. */
+#define SMALL_PRODUCT_KC (STORE_IS_REAL ? (int64_t)256 : ((int64_t)1 << 40))
 
 /* Up to SMALL_PRODUCT_NV vectors (cols) of c's m rows, over kc values of K:
  * c = a @ b, or c += a @ b when accumulate. */
-static void FN(small_product_tiles)(int64_t m, int64_t kc, const REAL *a, int64_t a_rs,
-                                    int64_t a_cs, const REAL *b, int64_t ldb, REAL *c,
+static void FN(small_product_tiles)(int64_t m, int64_t kc, const STORE *a, int64_t a_rs,
+                                    int64_t a_cs, const STORE *b, int64_t ldb, STORE *c,
                                     int64_t ldc, int64_t cols, int accumulate) {
   const int64_t tile_cols = SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH;
   for (int64_t i = 0; i < m; i += SMALL_PRODUCT_MR) {
     const int64_t tile_rows = m - i < SMALL_PRODUCT_MR ? m - i : SMALL_PRODUCT_MR;
     /* rows past m re-read row i: in bounds, never stored */
-    const REAL *a_rows[SMALL_PRODUCT_MR];
+    const STORE *a_rows[SMALL_PRODUCT_MR];
     for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
       a_rows[r] = a + (i + (r < tile_rows ? r : 0)) * a_rs;
     }
     vreal acc[SMALL_PRODUCT_MR][SMALL_PRODUCT_NV];
     for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
-      const REAL *c_row = c + (i + (r < tile_rows ? r : 0)) * ldc;
+      const STORE *c_row = c + (i + (r < tile_rows ? r : 0)) * ldc;
       for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
         const int64_t left = cols - v * FMLP_SIMD_WIDTH;
-        acc[r][v] = accumulate && left > 0 ? v_load_first(c_row + v * FMLP_SIMD_WIDTH, left)
+        acc[r][v] = accumulate && left > 0 ? vs_load_first(c_row + v * FMLP_SIMD_WIDTH, left)
                                            : v_zero();
       }
     }
@@ -185,10 +187,10 @@ static void FN(small_product_tiles)(int64_t m, int64_t kc, const REAL *a, int64_
       for (int64_t kk = 0; kk < kc; ++kk) {
         vreal bv[SMALL_PRODUCT_NV];
         for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
-          bv[v] = v_load(b + kk * ldb + v * FMLP_SIMD_WIDTH);
+          bv[v] = vs_load(b + kk * ldb + v * FMLP_SIMD_WIDTH);
         }
         for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
-          const vreal av = v_set1(a_rows[r][kk * a_cs]);
+          const vreal av = v_set1(to_real(a_rows[r][kk * a_cs]));
           for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) acc[r][v] = v_fma(av, bv[v], acc[r][v]);
         }
       }
@@ -197,22 +199,22 @@ static void FN(small_product_tiles)(int64_t m, int64_t kc, const REAL *a, int64_
         vreal bv[SMALL_PRODUCT_NV];
         for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
           const int64_t left = cols - v * FMLP_SIMD_WIDTH;
-          bv[v] = left > 0 ? v_load_first(b + kk * ldb + v * FMLP_SIMD_WIDTH, left) : v_zero();
+          bv[v] = left > 0 ? vs_load_first(b + kk * ldb + v * FMLP_SIMD_WIDTH, left) : v_zero();
         }
         for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
-          const vreal av = v_set1(a_rows[r][kk * a_cs]);
+          const vreal av = v_set1(to_real(a_rows[r][kk * a_cs]));
           for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) acc[r][v] = v_fma(av, bv[v], acc[r][v]);
         }
       }
     }
     for (int64_t r = 0; r < tile_rows; ++r) {
-      REAL *c_row = c + (i + r) * ldc;
+      STORE *c_row = c + (i + r) * ldc;
       for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
         const int64_t left = cols - v * FMLP_SIMD_WIDTH;
         if (left >= FMLP_SIMD_WIDTH) {
-          v_store(c_row + v * FMLP_SIMD_WIDTH, acc[r][v]);
+          vs_store(c_row + v * FMLP_SIMD_WIDTH, acc[r][v]);
         } else if (left > 0) {
-          v_store_first(c_row + v * FMLP_SIMD_WIDTH, acc[r][v], left);
+          vs_store_first(c_row + v * FMLP_SIMD_WIDTH, acc[r][v], left);
         }
       }
     }
@@ -221,8 +223,8 @@ static void FN(small_product_tiles)(int64_t m, int64_t kc, const REAL *a, int64_
 
 /* c[i, j] = sum over kk of a[i * a_rs + kk * a_cs] * b[kk * ldb + j] for i in
  * [0, m), j in [j0, j0 + count), c row-major with ldc. */
-static void FN(small_product_columns)(int64_t m, int64_t k, const REAL *a, int64_t a_rs,
-                                      int64_t a_cs, const REAL *b, int64_t ldb, REAL *c,
+static void FN(small_product_columns)(int64_t m, int64_t k, const STORE *a, int64_t a_rs,
+                                      int64_t a_cs, const STORE *b, int64_t ldb, STORE *c,
                                       int64_t ldc, int64_t j0, int64_t count) {
   const int64_t tile_cols = SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH;
   for (int64_t j = j0; j < j0 + count; j += tile_cols) {
@@ -235,16 +237,20 @@ static void FN(small_product_columns)(int64_t m, int64_t k, const REAL *a, int64
   }
 }
 
-/* sums[j] = sum over rows of m[r, j] (row order) for j in [j0, j0 + count),
- * m rows x width contiguous; nothing for sums NULL. */
-static void FN(column_sums_slice)(const REAL *m, int64_t rows, int64_t width, int64_t j0,
-                                  int64_t count, REAL *sums) {
+/* sums[j] = sum over rows of m[r, j] (row order, in REAL) for j in
+ * [j0, j0 + count), m rows x width contiguous; nothing for sums NULL. */
+#define COLUMN_SUMS_SPAN 64
+static void FN(column_sums_slice)(const STORE *m, int64_t rows, int64_t width, int64_t j0,
+                                  int64_t count, STORE *sums) {
   if (sums == NULL) return;
-  sums += j0;
-  memset(sums, 0, (size_t)count * sizeof(REAL));
-  for (int64_t r = 0; r < rows; ++r) {
-    const REAL *row = m + r * width + j0;
-    for (int64_t j = 0; j < count; ++j) sums[j] += row[j];
+  for (int64_t s0 = j0; s0 < j0 + count; s0 += COLUMN_SUMS_SPAN) {
+    const int64_t span = j0 + count - s0 < COLUMN_SUMS_SPAN ? j0 + count - s0 : COLUMN_SUMS_SPAN;
+    REAL acc[COLUMN_SUMS_SPAN] = {0};
+    for (int64_t r = 0; r < rows; ++r) {
+      const STORE *row = m + r * width + s0;
+      for (int64_t j = 0; j < span; ++j) acc[j] += to_real(row[j]);
+    }
+    for (int64_t j = 0; j < span; ++j) sums[s0 + j] = to_store(acc[j]);
   }
 }
 
@@ -253,14 +259,14 @@ static void FN(column_sums_slice)(const REAL *m, int64_t rows, int64_t width, in
  * rows x max-width scratch matrices, alternating downwards). */
 typedef struct {
   const fmlp_cpu_chain_backward_args *args;
-  REAL *scratch;
+  STORE *scratch;
   int64_t max_width;
 } FN(few_rows_backward);
 
-static REAL *FN(few_rows_grad_pre)(const FN(few_rows_backward) *bw, int64_t l) {
+static STORE *FN(few_rows_grad_pre)(const FN(few_rows_backward) *bw, int64_t l) {
   const fmlp_cpu_chain_backward_args *a = bw->args;
   const int64_t top = a->n_layers - 1;
-  if (l == top && a->final_activation == FMLP_ACT_NONE) return (REAL *)a->grad_y;
+  if (l == top && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y;
   return bw->scratch + ((top - l) % 2) * a->rows * bw->max_width;
 }
 
@@ -268,14 +274,14 @@ static REAL *FN(few_rows_grad_pre)(const FN(few_rows_backward) *bw, int64_t l) {
  * already, or grad_y for the top layer) and its bias gradient's columns:
  * sums over rows in row order. */
 static void FN(finish_grad_pre_columns)(const FN(few_rows_backward) *bw, int64_t l,
-                                        const REAL *grad, int64_t j0, int64_t count) {
+                                        const STORE *grad, int64_t j0, int64_t count) {
   const fmlp_cpu_chain_backward_args *a = bw->args;
   const int64_t rows = a->rows, width = a->widths[l + 1];
   const fmlp_activation activation =
       l == a->n_layers - 1 ? a->final_activation : a->hidden_activation;
-  REAL *grad_pre = FN(few_rows_grad_pre)(bw, l);
+  STORE *grad_pre = FN(few_rows_grad_pre)(bw, l);
   if (activation != FMLP_ACT_NONE) {
-    const REAL *pre = a->saved_pre[l];
+    const STORE *pre = a->saved_pre[l];
     for (int64_t r = 0; r < rows; ++r) {
       FN(activation_grad_span)(grad_pre + r * width + j0, grad + r * width + j0,
                                pre + r * width + j0, count, activation);
@@ -304,14 +310,14 @@ static void FN(few_rows_backward_part)(const void *block, int64_t stage, int64_t
   const int64_t l = a->n_layers - stage, width = a->widths[l + 1], k = a->widths[l];
   FN(even_split)(k, FMLP_SIMD_WIDTH, n_tasks, task, &j0, &count);
   if (count == 0) return;
-  const REAL *grad_pre = FN(few_rows_grad_pre)(bw, l);
+  const STORE *grad_pre = FN(few_rows_grad_pre)(bw, l);
   if (a->grad_weights[l] != NULL) {
-    const REAL *input = l == 0 ? a->x.data : a->saved_hidden[l - 1];
+    const STORE *input = l == 0 ? a->x.data : a->saved_hidden[l - 1];
     const int64_t input_stride = l == 0 ? a->x.row_stride : k;
     FN(small_product_columns)(width, rows, grad_pre, 1, width, input, input_stride,
                               a->grad_weights[l], k, j0, count);
   }
-  REAL *grad_below = l > 0 ? FN(few_rows_grad_pre)(bw, l - 1) : a->grad_x;
+  STORE *grad_below = l > 0 ? FN(few_rows_grad_pre)(bw, l - 1) : a->grad_x;
   if (grad_below == NULL) return;
   FN(small_product_columns)(rows, width, grad_pre, width, 1, a->weights[l].data,
                             a->weights[l].row_stride, grad_below, k, j0, count);
@@ -341,7 +347,7 @@ static fmlp_status FN(chain_backward_few_rows)(const fmlp_cpu_chain_backward_arg
       multiply_adds = INT64_MAX;
     }
   }
-  bw.scratch = fmlp_alloc_matrices(2, a->rows, bw.max_width, sizeof(REAL));
+  bw.scratch = fmlp_alloc_matrices(2, a->rows, bw.max_width, sizeof(STORE));
   if (bw.scratch == NULL) return FMLP_ERR_OUT_OF_MEMORY;
   /* the column split's one parallel region, as the forward's few rows */
   REAL no_pack[1];
@@ -359,7 +365,7 @@ static fmlp_status FN(chain_backward_few_rows)(const fmlp_cpu_chain_backward_arg
  * grad_W_gate's, grad_W_up's and grad_x's (from_up: grad_up @ W_up, added). */
 typedef struct {
   const fmlp_cpu_gated_block_backward_args *args;
-  REAL *grad_gate, *grad_up, *from_up;
+  STORE *grad_gate, *grad_up, *from_up;
 } FN(few_rows_gated_backward);
 
 static void FN(few_rows_gated_part)(const void *block, int64_t stage, int64_t task,
@@ -378,20 +384,20 @@ static void FN(few_rows_gated_part)(const void *block, int64_t stage, int64_t ta
     }
     FN(small_product_columns)(rows, out, a->grad_y, out, 1, a->w_down.data,
                               a->w_down.row_stride, bw->grad_gate, h, j0, count);
-    const REAL *gate = a->saved_gate, *up = a->saved_up;
+    const STORE *gate = a->saved_gate, *up = a->saved_up;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t at = r * h + j0;
-      REAL *grad = bw->grad_gate + at;
+      STORE *grad = bw->grad_gate + at;
       /* grad_up = grad * act(gate); grad_gate = grad * up * act'(gate) */
       FN(gate_product_row)(gate + at, grad, count, a->activation, bw->grad_up + at);
-      for (int64_t j = 0; j < count; ++j) grad[j] *= up[at + j];
+      for (int64_t j = 0; j < count; ++j) grad[j] = to_store(to_real(grad[j]) * to_real(up[at + j]));
       FN(activation_grad_span)(grad, grad, gate + at, count, a->activation);
     }
     FN(column_sums_slice)(bw->grad_gate, rows, h, j0, count, a->grad_bias_gate);
     FN(column_sums_slice)(bw->grad_up, rows, h, j0, count, a->grad_bias_up);
     return;
   }
-  const REAL *x = a->x.data;
+  const STORE *x = a->x.data;
   if (a->grad_w_gate != NULL) {
     FN(small_product_columns)(h, rows, bw->grad_gate, 1, h, x, a->x.row_stride,
                               a->grad_w_gate, dim, j0, count);
@@ -401,13 +407,15 @@ static void FN(few_rows_gated_part)(const void *block, int64_t stage, int64_t ta
                               dim, j0, count);
   }
   if (a->grad_x == NULL) return;
-  REAL *grad_x = a->grad_x;
+  STORE *grad_x = a->grad_x;
   FN(small_product_columns)(rows, h, bw->grad_gate, h, 1, a->w_gate.data,
                             a->w_gate.row_stride, grad_x, dim, j0, count);
   FN(small_product_columns)(rows, h, bw->grad_up, h, 1, a->w_up.data, a->w_up.row_stride,
                             bw->from_up, dim, j0, count);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = j0; j < j0 + count; ++j) grad_x[r * dim + j] += bw->from_up[r * dim + j];
+    for (int64_t j = j0; j < j0 + count; ++j) {
+      grad_x[r * dim + j] = to_store(to_real(grad_x[r * dim + j]) + to_real(bw->from_up[r * dim + j]));
+    }
   }
 }
 
@@ -422,8 +430,8 @@ static fmlp_status FN(gated_backward_few_rows)(const fmlp_cpu_gated_block_backwa
   fmlp_status status = FMLP_OK;
   FN(column_sums_slice)(a->grad_y, rows, a->out_dim, 0, a->out_dim, a->grad_bias_down);
   FN(few_rows_gated_backward) bw = {.args = a};
-  bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(REAL));
-  bw.from_up = fmlp_alloc_matrices(1, rows, a->dim, sizeof(REAL));
+  bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
+  bw.from_up = fmlp_alloc_matrices(1, rows, a->dim, sizeof(STORE));
   if (bw.grad_gate != NULL && bw.from_up != NULL) {
     bw.grad_up = bw.grad_gate + rows * h;
     int64_t multiply_adds;
@@ -460,19 +468,19 @@ fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
   for (int64_t l = 1; l <= a->n_layers; ++l) {
     if (a->widths[l] > max_width) max_width = a->widths[l];
   }
-  REAL *scratch = fmlp_alloc_matrices(2, rows, max_width, sizeof(REAL));
+  STORE *scratch = fmlp_alloc_matrices(2, rows, max_width, sizeof(STORE));
   if (scratch == NULL) return FMLP_ERR_OUT_OF_MEMORY;
-  REAL *ping_pong[2] = {scratch, scratch + rows * max_width};
-  const REAL *grad = a->grad_y;
+  STORE *ping_pong[2] = {scratch, scratch + rows * max_width};
+  const STORE *grad = a->grad_y;
   fmlp_status status = FMLP_OK;
   for (int64_t l = a->n_layers - 1, side = 0; l >= 0 && status == FMLP_OK; --l, side ^= 1) {
     const int64_t width = a->widths[l + 1], k = a->widths[l];
     const fmlp_activation activation =
         l == a->n_layers - 1 ? a->final_activation : a->hidden_activation;
-    const REAL *pre = activation == FMLP_ACT_NONE ? NULL : a->saved_pre[l];
+    const STORE *pre = activation == FMLP_ACT_NONE ? NULL : a->saved_pre[l];
     const FN(grad_pre_job) job = {.rows = rows, .width = width, .grad = grad, .pre = pre,
                                   .grad_pre = ping_pong[side], .activation = activation};
-    const REAL *grad_pre = pre != NULL ? ping_pong[side] : grad;
+    const STORE *grad_pre = pre != NULL ? ping_pong[side] : grad;
     status = FN(grad_pre_pass)(job, a->grad_biases != NULL ? a->grad_biases[l] : NULL,
                                threading);
     const fmlp_input grad_pre_rows = {grad_pre, width, 1};
@@ -481,7 +489,7 @@ fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
       status = FN(product)(FN(transposed)(grad_pre_rows), width, FN(transposed)(layer_input), k,
                            rows, a->grad_weights[l], threading);
     }
-    REAL *grad_below = l > 0 ? ping_pong[side ^ 1] : a->grad_x;
+    STORE *grad_below = l > 0 ? ping_pong[side ^ 1] : a->grad_x;
     if (status == FMLP_OK && grad_below != NULL) {
       status = FN(product)(grad_pre_rows, rows, FN(transposed)(a->weights[l]), k, width,
                            grad_below, threading);
@@ -495,7 +503,7 @@ fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
 /* ---- the gated block's backward ---- */
 
 /* sums[j] = sum over rows of m[r, j], m contiguous; no-op for sums NULL. */
-static fmlp_status FN(column_sums)(const REAL *m, int64_t rows, int64_t width, REAL *sums,
+static fmlp_status FN(column_sums)(const STORE *m, int64_t rows, int64_t width, STORE *sums,
                                    const fmlp_threading *threading) {
   const FN(grad_pre_job) job = {.rows = rows, .width = width, .grad = m};
   return FN(grad_pre_pass)(job, sums, threading);
@@ -513,9 +521,9 @@ fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backwar
   if (FN(few_rows_gated_fits)(a)) return FN(gated_backward_few_rows)(a, threading);
 #endif
   const int64_t rows = a->rows, h = a->hidden;
-  REAL *grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(REAL));
+  STORE *grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
   if (grad_gate == NULL) return FMLP_ERR_OUT_OF_MEMORY;
-  REAL *grad_up = grad_gate + rows * h;
+  STORE *grad_up = grad_gate + rows * h;
   const fmlp_input grad_y = {a->grad_y, a->out_dim, 1};
   const fmlp_input grad_gate_rows = {grad_gate, h, 1}, grad_up_rows = {grad_up, h, 1};
   fmlp_status status = FN(column_sums)(a->grad_y, rows, a->out_dim, a->grad_bias_down, threading);
@@ -546,15 +554,17 @@ fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backwar
   if (status == FMLP_OK && a->grad_x != NULL) {
     status = FN(product)(grad_gate_rows, rows, FN(transposed)(a->w_gate), a->dim, h, a->grad_x,
                          threading);
-    REAL *from_up = status == FMLP_OK ? fmlp_alloc_matrices(1, rows, a->dim, sizeof(REAL)) : NULL;
+    STORE *from_up = status == FMLP_OK ? fmlp_alloc_matrices(1, rows, a->dim, sizeof(STORE)) : NULL;
     if (status == FMLP_OK && from_up == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
     if (status == FMLP_OK) {
       status = FN(product)(grad_up_rows, rows, FN(transposed)(a->w_up), a->dim, h, from_up,
                            threading);
     }
     if (status == FMLP_OK) {
-      REAL *grad_x = a->grad_x;
-      for (int64_t i = 0; i < rows * a->dim; ++i) grad_x[i] += from_up[i];
+      STORE *grad_x = a->grad_x;
+      for (int64_t i = 0; i < rows * a->dim; ++i) {
+        grad_x[i] = to_store(to_real(grad_x[i]) + to_real(from_up[i]));
+      }
     }
     free(from_up);
   }

@@ -57,7 +57,7 @@ static void FN(advise_output)(void *data, int64_t rows, int64_t width, int64_t s
   int64_t elems;
   if (rows > 0 && fmlp_checked_mul(rows - 1, stride, &elems) &&
       fmlp_checked_add(elems, width, &elems) &&
-      fmlp_checked_mul(elems, (int64_t)sizeof(REAL), &elems)) {
+      fmlp_checked_mul(elems, (int64_t)sizeof(STORE), &elems)) {
     fmlp_advise_huge_pages(data, elems);
   }
 }
@@ -66,19 +66,20 @@ static void FN(free_packed)(FN(packed_weight) *packed, int64_t count) {
   for (int64_t i = 0; i < count; ++i) free(packed[i].data);
 }
 
-static REAL *FN(rows_at)(void *base, int64_t row, int64_t stride) {
-  return base == NULL ? NULL : (REAL *)base + row * stride;
+static STORE *FN(rows_at)(void *base, int64_t row, int64_t stride) {
+  return base == NULL ? NULL : (STORE *)base + row * stride;
 }
 
 /* ---- row blocks as tasks ---- */
 
 /* An op's row blocks: each worker allocates its scratch once (an input pack
- * and scratch_matrices matrices of scratch_rows x scratch_cols), then takes
+ * and scratch_matrices matrices of scratch_rows x scratch_cols REALs, room
+ * for as many STOREs), then takes
  * blocks from next_block and runs them through run_block. */
 typedef struct {
   int64_t rows, n_blocks, block_rows; /* block_rows: the most rows one block holds */
   int64_t input_pack_elems, scratch_matrices, scratch_rows, scratch_cols;
-  void (*run_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack, REAL *scratch);
+  void (*run_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack, void *scratch);
   const void *op;
   atomic_llong next_block;
   atomic_int status;
@@ -211,17 +212,17 @@ static void FN(column_part)(int64_t n, int whole, int64_t task, int64_t n_tasks,
  * of them), from `in` or, when set, from in_lanes (see lanes_width). */
 static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t rows,
                                   const FN(packed_weight) *w, int64_t j0, int64_t count,
-                                  const REAL *bias, fmlp_activation activation,
+                                  const STORE *bias, fmlp_activation activation,
                                   FN(product_out) out, REAL *input_pack) {
   if (count == 0) return;
   const FN(packed_weight) part = {
       w->data,
-      {(const REAL *)w->source.data + j0 * w->source.row_stride, w->source.row_stride,
+      {(const STORE *)w->source.data + j0 * w->source.row_stride, w->source.row_stride,
        w->source.col_stride},
       count,
       w->k};
-  const REAL *part_bias = bias != NULL ? bias + j0 : NULL;
-  REAL *part_pre = out.pre != NULL ? out.pre + j0 : NULL;
+  const STORE *part_bias = bias != NULL ? bias + j0 : NULL;
+  STORE *part_pre = out.pre != NULL ? out.pre + j0 : NULL;
 #if FMLP_TRANSPOSED_KERNELS
   if (in_lanes != NULL || out.c_lanes != NULL) {
     const FN(product_out) part_out = {
@@ -242,7 +243,7 @@ static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t r
 
 /* gemm_rows_columns for task `task` of n_tasks's share of the output columns. */
 static void FN(gemm_rows_part)(fmlp_input in, const REAL *in_lanes, int64_t rows,
-                               const FN(packed_weight) *w, const REAL *bias,
+                               const FN(packed_weight) *w, const STORE *bias,
                                fmlp_activation activation, FN(product_out) out, int64_t task,
                                int64_t n_tasks, REAL *input_pack) {
   int64_t j0, count;
@@ -312,7 +313,9 @@ typedef struct {
 typedef struct {
   const FN(chain_job) *job;
   int64_t r0, rows;
-  REAL *ping_pong[2]; /* scratch_rows x max_hidden each, for hidden outputs not saved */
+  /* scratch_rows x max_hidden REALs each, for hidden outputs not saved:
+   * row-major STOREs, or REALs in lanes layout */
+  void *ping_pong[2];
 } FN(chain_rows);
 
 /* Whether layer l leaves its output to layer l + 1 in lanes layout: both
@@ -333,7 +336,7 @@ static int FN(hands_off_lanes)(const FN(chain_rows) *b, int64_t l) {
 }
 
 /* Layer l's row-major output for the block, and its row stride. */
-static REAL *FN(chain_output)(const FN(chain_rows) *b, int64_t l, int64_t *ldc) {
+static STORE *FN(chain_output)(const FN(chain_rows) *b, int64_t l, int64_t *ldc) {
   const fmlp_cpu_chain_args *a = b->job->args;
   *ldc = a->widths[l + 1];
   if (l == a->n_layers - 1) {
@@ -352,7 +355,7 @@ static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int
   const FN(chain_rows) *b = block;
   const fmlp_cpu_chain_args *a = b->job->args;
   const int64_t width = a->widths[l + 1];
-  fmlp_input in = {(const REAL *)a->x.data + b->r0 * a->x.row_stride, a->x.row_stride,
+  fmlp_input in = {(const STORE *)a->x.data + b->r0 * a->x.row_stride, a->x.row_stride,
                    a->x.col_stride};
   const REAL *in_lanes = NULL;
   if (l > 0 && FN(hands_off_lanes)(b, l - 1)) {
@@ -377,10 +380,10 @@ static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int
 
 /* scratch: two scratch_rows x max_hidden matrices the hidden layers ping-pong through */
 static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack,
-                            REAL *scratch) {
+                            void *scratch) {
   const FN(chain_job) *job = op;
   const FN(chain_rows) block = {
-      job, r0, rows, {scratch, scratch + job->scratch_rows * job->max_hidden}};
+      job, r0, rows, {scratch, (REAL *)scratch + job->scratch_rows * job->max_hidden}};
   FN(run_column_stages)(&job->split, job->args->n_layers, FN(chain_layer_part), &block,
                         input_pack);
 }
@@ -436,12 +439,20 @@ typedef struct {
   FN(column_split) split;
 } FN(gated_job);
 
-/* product = act(gate) * up, one row of n values */
-static void FN(gate_product_row)(const REAL *gate, const REAL *up, int64_t n,
-                                 fmlp_activation activation, REAL *product) {
-  memcpy(product, gate, (size_t)n * sizeof(REAL));
-  FN(activate_span)(product, n, activation);
-  for (int64_t j = 0; j < n; ++j) product[j] *= up[j];
+/* product = act(gate) * up, one row of n values, formed in REAL a span at a
+ * time and rounded once */
+#define GATE_PRODUCT_SPAN 256
+static void FN(gate_product_row)(const STORE *gate, const STORE *up, int64_t n,
+                                 fmlp_activation activation, STORE *product) {
+  for (int64_t j0 = 0; j0 < n; j0 += GATE_PRODUCT_SPAN) {
+    const int64_t count = n - j0 < GATE_PRODUCT_SPAN ? n - j0 : GATE_PRODUCT_SPAN;
+    REAL span[GATE_PRODUCT_SPAN];
+    for (int64_t j = 0; j < count; ++j) span[j] = to_real(gate[j0 + j]);
+    FN(activate_span)(span, count, activation);
+    for (int64_t j = 0; j < count; ++j) {
+      product[j0 + j] = to_store(span[j] * to_real(up[j0 + j]));
+    }
+  }
 }
 
 /* One row block of the gated block: its input and its gate, up and product. */
@@ -449,7 +460,7 @@ typedef struct {
   const FN(gated_job) *job;
   int64_t r0, rows;
   fmlp_input in;
-  REAL *gate, *up, *product; /* rows x hidden, row stride hidden */
+  STORE *gate, *up, *product; /* rows x hidden, row stride hidden */
 } FN(gated_rows);
 
 /* Stage 0, task `task`'s columns of the product (both weights packed: the
@@ -491,7 +502,7 @@ static void FN(gated_part)(const void *block, int64_t stage, int64_t task, int64
 
 /* scratch: three block_rows x hidden matrices (gate, up, product) unless saved */
 static void FN(gated_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack,
-                            REAL *scratch) {
+                            void *scratch) {
   const FN(gated_job) *job = op;
   const fmlp_cpu_gated_args *a = job->args;
   const int64_t h = a->hidden, stride = job->block_rows * h;
@@ -499,11 +510,12 @@ static void FN(gated_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
       .job = job,
       .r0 = r0,
       .rows = rows,
-      .in = {(const REAL *)a->x.data + r0 * a->x.row_stride, a->x.row_stride, a->x.col_stride},
+      .in = {(const STORE *)a->x.data + r0 * a->x.row_stride, a->x.row_stride,
+             a->x.col_stride},
       .gate = a->saved_gate != NULL ? FN(rows_at)(a->saved_gate, r0, h) : scratch,
-      .up = a->saved_up != NULL ? FN(rows_at)(a->saved_up, r0, h) : scratch + stride,
+      .up = a->saved_up != NULL ? FN(rows_at)(a->saved_up, r0, h) : (STORE *)scratch + stride,
       .product = a->saved_product != NULL ? FN(rows_at)(a->saved_product, r0, h)
-                                          : scratch + 2 * stride};
+                                          : (STORE *)scratch + 2 * stride};
   FN(run_column_stages)(&job->split, 2, FN(gated_part), &block, input_pack);
 }
 

@@ -7,10 +7,23 @@
 
 typedef struct {
   int64_t n;
-  const REAL *pre, *up; /* up != NULL: the gated product */
-  REAL *out;
+  const STORE *pre, *up; /* up != NULL: the gated product */
+  STORE *out;
   fmlp_activation activation;
 } FN(epilogue_job);
+
+/* out = act(pre), n values (out may be pre), formed in REAL a span at a
+ * time and rounded once */
+static void FN(activate_stored)(const STORE *pre, int64_t n, fmlp_activation activation,
+                                STORE *out) {
+  for (int64_t j0 = 0; j0 < n; j0 += GATE_PRODUCT_SPAN) {
+    const int64_t count = n - j0 < GATE_PRODUCT_SPAN ? n - j0 : GATE_PRODUCT_SPAN;
+    REAL span[GATE_PRODUCT_SPAN];
+    for (int64_t j = 0; j < count; ++j) span[j] = to_real(pre[j0 + j]);
+    FN(activate_span)(span, count, activation);
+    for (int64_t j = 0; j < count; ++j) out[j0 + j] = to_store(span[j]);
+  }
+}
 
 static void FN(epilogue_task)(void *context, int64_t begin, int64_t end) {
   const FN(epilogue_job) *job = context;
@@ -22,10 +35,7 @@ static void FN(epilogue_task)(void *context, int64_t begin, int64_t end) {
                            job->out + start);
       continue;
     }
-    if (job->out != job->pre) {
-      memcpy(job->out + start, job->pre + start, (size_t)len * sizeof(REAL));
-    }
-    FN(activate_span)(job->out + start, len, job->activation);
+    FN(activate_stored)(job->pre + start, len, job->activation, job->out + start);
   }
 }
 

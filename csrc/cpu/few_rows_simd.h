@@ -8,18 +8,18 @@
  * place: dot products along K, then bias, pre-activation and activation per
  * output row segment. */
 static void FN(gemm_rows_dot)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
-                              const REAL *bias, fmlp_activation activation, REAL *c,
-                              int64_t ldc, REAL *pre, int64_t pre_stride) {
+                              const STORE *bias, fmlp_activation activation, STORE *c,
+                              int64_t ldc, STORE *pre, int64_t pre_stride) {
   const int64_t n = w->n, k = w->k;
-  const REAL *x_data = x.data, *w_data = w->source.data;
-  const REAL *x_rows[DOT_MAX_ROWS];
+  const STORE *x_data = x.data, *w_data = w->source.data;
+  const STORE *x_rows[DOT_MAX_ROWS];
   /* rows past the input's end re-read its first row: in bounds, never stored */
   for (int64_t r = 0; r < DOT_MAX_ROWS; ++r) {
     x_rows[r] = x_data + (r < rows ? r : 0) * x.row_stride;
   }
   for (int64_t j0 = 0; j0 < n; j0 += DOT_WEIGHT_ROWS) {
     const int64_t n_cols = n - j0 < DOT_WEIGHT_ROWS ? n - j0 : DOT_WEIGHT_ROWS;
-    const REAL *w_rows[DOT_WEIGHT_ROWS];
+    const STORE *w_rows[DOT_WEIGHT_ROWS];
     for (int64_t j = 0; j < DOT_WEIGHT_ROWS; ++j) {
       w_rows[j] = w_data + (j0 + (j < n_cols ? j : 0)) * w->source.row_stride;
     }
@@ -27,10 +27,12 @@ static void FN(gemm_rows_dot)(fmlp_input x, int64_t rows, const FN(packed_weight
     FN(dot_tile)(k, x_rows, w_rows, out);
     for (int64_t r = 0; r < rows; ++r) {
       REAL *segment = out[r];
-      for (int64_t j = 0; j < n_cols; ++j) segment[j] += bias != NULL ? bias[j0 + j] : (REAL)0;
-      if (pre != NULL) memcpy(pre + r * pre_stride + j0, segment, (size_t)n_cols * sizeof(REAL));
+      for (int64_t j = 0; j < n_cols; ++j) {
+        segment[j] += bias != NULL ? to_real(bias[j0 + j]) : (REAL)0;
+        if (pre != NULL) pre[r * pre_stride + j0 + j] = to_store(segment[j]);
+      }
       FN(activate_span)(segment, n_cols, activation);
-      memcpy(c + r * ldc + j0, segment, (size_t)n_cols * sizeof(REAL));
+      for (int64_t j = 0; j < n_cols; ++j) c[r * ldc + j0 + j] = to_store(segment[j]);
     }
   }
 }
@@ -55,11 +57,11 @@ static int64_t FN(lanes_width)(int64_t rows) {
  * slice at a time, or x_lanes; out.c_lanes and x_lanes need
  * lanes_possible(rows). */
 static void FN(transposed_rows)(fmlp_input x, const REAL *x_lanes, int64_t rows,
-                                const FN(packed_weight) *w, const REAL *bias,
+                                const FN(packed_weight) *w, const STORE *bias,
                                 fmlp_activation activation, FN(product_out) out,
                                 REAL *scratch) {
   const int64_t n = w->n, k = w->k;
-  const REAL *w_data = w->source.data;
+  const STORE *w_data = w->source.data;
   if (x_lanes == NULL && out.c_lanes == NULL && rows <= DOT_MAX_ROWS && x.col_stride == 1) {
     FN(gemm_rows_dot)(x, rows, w, bias, activation, out.c, out.ldc, out.pre, out.pre_stride);
     return;
@@ -70,13 +72,13 @@ static void FN(transposed_rows)(fmlp_input x, const REAL *x_lanes, int64_t rows,
     const int64_t width = FN(lanes_width)(count);
     const REAL *b = x_lanes;
     if (b == NULL) {
-      FN(pack_k_major)((const REAL *)x.data + m0 * x.row_stride, x.row_stride, x.col_stride,
+      FN(pack_k_major)((const STORE *)x.data + m0 * x.row_stride, x.row_stride, x.col_stride,
                        count, width, k, scratch);
       b = scratch;
     }
     for (int64_t j0 = 0; j0 < n; j0 += GEMM_MR) {
       const int64_t n_rows = n - j0 < GEMM_MR ? n - j0 : GEMM_MR;
-      const REAL *w_rows[GEMM_MR];
+      const void *w_rows[GEMM_MR];
       /* rows past the weight's end re-read its first row: in bounds, never stored */
       for (int64_t i = 0; i < GEMM_MR; ++i) {
         w_rows[i] = w_data + (j0 + (i < n_rows ? i : 0)) * w->source.row_stride;
@@ -87,7 +89,7 @@ static void FN(transposed_rows)(fmlp_input x, const REAL *x_lanes, int64_t rows,
           .pre = out.pre != NULL ? out.pre + m0 * out.pre_stride + j0 : NULL,
           .ldc = out.ldc,
           .pre_stride = out.pre_stride};
-      const REAL *bias_tile = bias != NULL ? bias + j0 : NULL;
+      const STORE *bias_tile = bias != NULL ? bias + j0 : NULL;
       if (narrow) {
         FN(microkernel_transposed_narrow)(k, w_rows, b, &tile, n_rows, count, bias_tile,
                                           activation);

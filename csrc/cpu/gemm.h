@@ -75,7 +75,7 @@ static void FN(run_tasks)(const fmlp_threading *threading, int64_t n_tasks, void
 static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
   const FN(packed_weight) *packed = context;
   const int64_t n = packed->n, k = packed->k, n_panels = (n + GEMM_NR - 1) / GEMM_NR;
-  const REAL *src = packed->source.data;
+  const STORE *src = packed->source.data;
   const int64_t rs = packed->source.row_stride, cs = packed->source.col_stride;
   const int64_t first = begin * PACK_PANELS_PER_TASK;
   const int64_t last = end * PACK_PANELS_PER_TASK < n_panels ? end * PACK_PANELS_PER_TASK
@@ -112,7 +112,7 @@ static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t r
 /* Rows [0, mc) and columns [pc, pc + kc) of x into MR-tall panels,
  * zero-padded past mc: element (i, kk) at dst[(i / MR) * kc * MR + kk * MR + i % MR]. */
 static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t kc, REAL *dst) {
-  const REAL *src = x.data;
+  const STORE *src = x.data;
   for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
     FMLP_PACK_INPUT_PANEL(src + ir * x.row_stride + pc * x.col_stride, x.row_stride,
                           x.col_stride, mc - ir < GEMM_MR ? mc - ir : GEMM_MR, GEMM_MR, kc,
@@ -120,15 +120,23 @@ static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t k
   }
 }
 
-/* With K == 0 the product is empty: the output is act(bias), or act(0). */
-static void FN(fill_empty_product)(int64_t rows, int64_t n, const REAL *bias,
-                                   fmlp_activation activation, REAL *c, int64_t ldc, REAL *pre,
+/* With K == 0 the product is empty: the output is act(bias), or act(0),
+ * computed in REAL a span at a time. */
+#define EMPTY_PRODUCT_SPAN 64
+static void FN(fill_empty_product)(int64_t rows, int64_t n, const STORE *bias,
+                                   fmlp_activation activation, STORE *c, int64_t ldc, STORE *pre,
                                    int64_t pre_stride) {
   for (int64_t i = 0; i < rows; ++i) {
-    REAL *row = c + i * ldc;
-    for (int64_t j = 0; j < n; ++j) row[j] = bias != NULL ? bias[j] : (REAL)0;
-    if (pre != NULL) memcpy(pre + i * pre_stride, row, (size_t)n * sizeof(REAL));
-    FN(activate_span)(row, n, activation);
+    for (int64_t j0 = 0; j0 < n; j0 += EMPTY_PRODUCT_SPAN) {
+      const int64_t count = n - j0 < EMPTY_PRODUCT_SPAN ? n - j0 : EMPTY_PRODUCT_SPAN;
+      REAL span[EMPTY_PRODUCT_SPAN];
+      for (int64_t j = 0; j < count; ++j) {
+        span[j] = bias != NULL ? to_real(bias[j0 + j]) : (REAL)0;
+        if (pre != NULL) pre[i * pre_stride + j0 + j] = to_store(span[j]);
+      }
+      FN(activate_span)(span, count, activation);
+      for (int64_t j = 0; j < count; ++j) c[i * ldc + j0 + j] = to_store(span[j]);
+    }
   }
 }
 
@@ -155,7 +163,7 @@ _Static_assert(GEMM_NC % GEMM_NR == 0, "a weight panel's place is col / GEMM_NR"
 
 static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
                               REAL *input_pack, FN(tile_fn) tile_fn, const void *context) {
-  const REAL *x_data = x.data;
+  const STORE *x_data = x.data;
   for (int64_t jc = 0; jc < n; jc += GEMM_NC) {
     const int64_t nc = n - jc < GEMM_NC ? n - jc : GEMM_NC;
     for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
@@ -178,9 +186,9 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
 
 typedef struct {
   const FN(packed_weight) *w;
-  const REAL *bias;
+  const STORE *bias;
   fmlp_activation activation;
-  REAL *c, *pre;
+  STORE *c, *pre;
   int64_t ldc, pre_stride;
 } FN(linear_tiles);
 
@@ -204,8 +212,8 @@ static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t ro
  * pre-activation. Single-threaded; callers split rows across threads.
  * input_pack holds input_pack_elems(rows, k) elements. */
 static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
-                          const REAL *bias, fmlp_activation activation, REAL *c, int64_t ldc,
-                          REAL *pre, int64_t pre_stride, REAL *input_pack) {
+                          const STORE *bias, fmlp_activation activation, STORE *c, int64_t ldc,
+                          STORE *pre, int64_t pre_stride, REAL *input_pack) {
   const int64_t n = w->n, k = w->k;
   if (n == 0 || rows == 0) return; /* an empty weight is never packed: nothing to read */
   if (k == 0) {
@@ -228,9 +236,9 @@ static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w
 
 typedef struct {
   const FN(packed_weight) *gate_w, *up_w;
-  const REAL *bias_gate, *bias_up;
+  const STORE *bias_gate, *bias_up;
   fmlp_activation activation;
-  REAL *gate, *up, *product;
+  STORE *gate, *up, *product;
   int64_t stride; /* of gate, up and product */
   int save_gate_up;
 } FN(gated_tiles);
@@ -258,9 +266,9 @@ static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t row
           .last_k_block = pc + kc >= k,
           .save_gate_up = t->save_gate_up,
       };
-      FN(microkernel_gated)(kc, a_panel + i0, t->gate_w->data + panel_at + j0,
-                            t->up_w->data + panel_at + j0, part_rows,
-                            cols - j0 < GATED_NR ? cols - j0 : GATED_NR, &ep);
+      FMLP_MICROKERNEL_GATED(kc, a_panel + i0, t->gate_w->data + panel_at + j0,
+                             t->up_w->data + panel_at + j0, part_rows,
+                             cols - j0 < GATED_NR ? cols - j0 : GATED_NR, &ep);
     }
   }
 }
@@ -269,9 +277,9 @@ static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t row
  * packed, in one pass over x; gate and up (rows x h, same stride) receive the
  * pre-activations when save_gate_up, and serve as scratch between K blocks. */
 static void FN(gemm_gated_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *gate_w,
-                                const FN(packed_weight) *up_w, const REAL *bias_gate,
-                                const REAL *bias_up, fmlp_activation activation, REAL *gate,
-                                REAL *up, REAL *product, int64_t stride, int save_gate_up,
+                                const FN(packed_weight) *up_w, const STORE *bias_gate,
+                                const STORE *bias_up, fmlp_activation activation, STORE *gate,
+                                STORE *up, STORE *product, int64_t stride, int save_gate_up,
                                 REAL *input_pack) {
   const FN(gated_tiles) tiles = {gate_w, up_w, bias_gate, bias_up, activation,
                                  gate,   up,   product,   stride,  save_gate_up};

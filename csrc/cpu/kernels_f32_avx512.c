@@ -1,16 +1,12 @@
 /* The CPU kernels in single precision for AVX-512; this file alone is
  * compiled with -mavx512f -mavx512dq -mavx512bw -mavx512vl -mfma and only
  * runs after CPUID says it may. */
-#define REAL float /* storage and accumulator */
+#define REAL float /* the accumulator */
+#define STORE float /* and the storage */
 #define REAL_SUFFIX f32_avx512
 #include "simd_avx512.h"
-/* 12 x 2 zmm accumulators, 2 loads of b and one broadcast of a: 27 of the 32
- * registers. */
-#define GEMM_MR 12
-#define GEMM_NR ((int64_t)(2 * FMLP_SIMD_WIDTH))
-/* gated: 6 x 2 zmm of gate and of up, 4 loads, one broadcast: 29 of 32 */
-#define GATED_MR 6
-#define GATED_NR GEMM_NR
+#include "storage_real.h"
+#include "tile_avx512.h"
 #include "precision_kernels.h"
 #include "real_template.h"
 #include "microkernel_simd.h" /* the micro-kernel, packing and block loops' shape */

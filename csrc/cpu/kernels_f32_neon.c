@@ -3,10 +3,12 @@
  * NEON's 32 registers. Built without ISA flags (NEON is aarch64's baseline);
  * on other targets it compiles to their vectors but never runs (the
  * registry's asimd feature is aarch64's). */
-#define REAL float /* storage and accumulator */
+#define REAL float /* the accumulator */
+#define STORE float /* and the storage */
 #define REAL_SUFFIX f32_neon
 #define FMLP_VECTOR_REGISTERS 32
 #include "simd_vector.h"
+#include "storage_real.h"
 /* 8 x 3 accumulators, 3 loads of b and one broadcast of a: 28 of the 32
  * registers (OpenBLAS's NEON sgemm tile is 8 x 12 too). */
 #define GEMM_MR 8

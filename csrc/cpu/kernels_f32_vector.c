@@ -1,11 +1,13 @@
 /* The CPU kernels in single precision, written once in GCC / Clang vector
  * extensions (128-bit vectors, simd_vector.h) for any CPU: SSE2 on x86-64,
  * NEON on aarch64, plain code elsewhere. Built without ISA flags. */
-#define REAL float /* storage and accumulator */
+#define REAL float /* the accumulator */
+#define STORE float /* and the storage */
 #define REAL_SUFFIX f32_vector
 /* 16 registers: x86-64's xmm file, and the least of the vector CPUs */
 #define FMLP_VECTOR_REGISTERS 16
 #include "simd_vector.h"
+#include "storage_real.h"
 /* 6 x 2 accumulators, 2 loads of b and one broadcast of a: 15 of the 16
  * registers. */
 #define GEMM_MR 6

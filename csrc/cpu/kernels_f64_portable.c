@@ -1,7 +1,9 @@
 /* The CPU kernels in double precision: portable C on every CPU (the SIMD
  * kernels are float only). */
-#define REAL double /* storage and accumulator */
+#define REAL double /* the accumulator */
+#define STORE double /* and the storage */
 #define REAL_SUFFIX f64_portable
+#include "storage_real.h"
 #define GEMM_MR 4
 #define GEMM_NR ((int64_t)8) /* one cache line */
 #include "precision_kernels.h"

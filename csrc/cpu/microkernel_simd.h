@@ -12,7 +12,11 @@
 #if !defined(GEMM_MR) || !defined(GEMM_NR)
 #error "a SIMD unit defines its tile, GEMM_MR x GEMM_NR (a multiple of FMLP_SIMD_WIDTH)"
 #endif
-#define GEMM_KC 1024
+/* K blocks: partial sums between them live in the output, which storage
+ * narrower than REAL would round, so such a unit runs the whole K at once
+ * (the bf16 units: a and b panels then hold 2 bytes a value, and the 2 MiB
+ * L2 of the CPUs with bfloat16 instructions holds them). */
+#define GEMM_KC (STORE_IS_REAL ? 1024 : ((int64_t)1 << 40))
 #define GEMM_MC (GEMM_MR * 4)
 #define GEMM_NC (1024 / GEMM_NR * GEMM_NR) /* whole panels: a tile never straddles NC */
 /* Up to this many rows the weight is read in place rather than packed
@@ -28,23 +32,29 @@ _Static_assert(GEMM_MR * GEMM_NV + GEMM_NV + 1 <= FMLP_SIMD_REGISTERS, "GEMM_MR 
 #define FMLP_TRANSPOSED_KERNELS 1
 #define FMLP_GATED_KERNEL 1
 /* Weight panels (NR rows) and input panels (MR rows) are packed K-major,
- * transposed through registers. */
+ * transposed through registers, for the float micro-kernels below; a unit
+ * whose micro-kernel header names its own packing and packed micro-kernels
+ * first (microkernel_dpbf16.h) keeps those, and the rest of this file. */
+#ifndef FMLP_MICROKERNEL
 #define FMLP_PACK_WEIGHT_PANEL FN(pack_k_major)
 #define FMLP_PACK_INPUT_PANEL FN(pack_k_major)
+#define FMLP_MICROKERNEL FN(microkernel_packed)
+#define FMLP_MICROKERNEL_GATED FN(microkernel_gated)
+#endif
 
 /* dst[c * dst_stride + r] = src[r * src_stride + c] for r < stored_rows and
  * c < cols, with rows at or past n_rows (<= stored_rows <= W) zero: W x W
  * blocks go through registers (a vector transpose moves ~8x more elements a
  * cycle than a scalar copy), the last cols % W columns element by element.
  * src has unit column stride. */
-static void FN(pack_transposed_block)(const REAL *src, int64_t src_stride, int64_t n_rows,
+static void FN(pack_transposed_block)(const STORE *src, int64_t src_stride, int64_t n_rows,
                                       int64_t stored_rows, int64_t cols, REAL *dst,
                                       int64_t dst_stride) {
   int64_t c0 = 0;
   for (; c0 + FMLP_SIMD_WIDTH <= cols; c0 += FMLP_SIMD_WIDTH) {
     vreal block[FMLP_SIMD_WIDTH];
     for (int i = 0; i < FMLP_SIMD_WIDTH; ++i) {
-      block[i] = i < n_rows ? v_load(src + i * src_stride + c0) : v_zero();
+      block[i] = i < n_rows ? vs_load(src + i * src_stride + c0) : v_zero();
     }
     v_transpose(block);
     for (int t = 0; t < FMLP_SIMD_WIDTH; ++t) {
@@ -53,13 +63,13 @@ static void FN(pack_transposed_block)(const REAL *src, int64_t src_stride, int64
   }
   for (int64_t c = c0; c < cols; ++c) {
     for (int64_t i = 0; i < stored_rows; ++i) {
-      dst[c * dst_stride + i] = i < n_rows ? src[i * src_stride + c] : (REAL)0;
+      dst[c * dst_stride + i] = i < n_rows ? to_real(src[i * src_stride + c]) : (REAL)0;
     }
   }
 }
 /* pack_rows_k_major, with rows of unit column stride (the forward's operands)
  * transposed through registers, W x W at a time. */
-static void FN(pack_k_major)(const REAL *src, int64_t rs, int64_t cs, int64_t count,
+static void FN(pack_k_major)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
                              int64_t width, int64_t k, REAL *dst) {
   if (cs == 1) {
     for (int64_t half = 0; half < width; half += FMLP_SIMD_WIDTH) {
@@ -78,10 +88,11 @@ static void FN(pack_k_major)(const REAL *src, int64_t rs, int64_t cs, int64_t co
 
 /* acc[i][v] += sum_kk a_rows[i][kk * a_k_stride] * b[kk * nv * W + v * W] for
  * i < mr, v < nv: mr and nv are constants in each caller, so the tile stays in
- * registers. */
+ * registers. a_rows point at REALs (a packed panel) or, with a_stored, at
+ * storage (weight rows read in place), also a constant in each caller. */
 static FMLP_ALWAYS_INLINE void FN(accumulate_tile)(const int mr, const int nv,
                                                    vreal acc[GEMM_MR][GEMM_NV], int64_t kc,
-                                                   const REAL *const *a_rows,
+                                                   const void *const *a_rows, const int a_stored,
                                                    int64_t a_k_stride, const REAL *restrict b) {
   const int64_t b_width = (int64_t)nv * FMLP_SIMD_WIDTH;
 #pragma GCC unroll 2
@@ -91,7 +102,9 @@ static FMLP_ALWAYS_INLINE void FN(accumulate_tile)(const int mr, const int nv,
     for (int v = 0; v < nv; ++v) b_k[v] = v_load(b + kk * b_width + v * FMLP_SIMD_WIDTH);
 #pragma GCC unroll 16
     for (int i = 0; i < mr; ++i) {
-      const vreal a_ik = v_set1(a_rows[i][kk * a_k_stride]);
+      const int64_t at = kk * a_k_stride;
+      const vreal a_ik = v_set1(a_stored ? to_real(((const STORE *)a_rows[i])[at])
+                                         : ((const REAL *)a_rows[i])[at]);
 #pragma GCC unroll 8
       for (int v = 0; v < nv; ++v) acc[i][v] = v_fma(a_ik, b_k[v], acc[i][v]);
     }
@@ -105,29 +118,30 @@ static FMLP_ALWAYS_INLINE int64_t FN(lanes_inside)(int64_t cols, int v) {
 }
 
 /* The rows x cols part of the tile into row-major c. */
-static FMLP_ALWAYS_INLINE void FN(store_tile)(vreal acc[GEMM_MR][GEMM_NV], REAL *c, int64_t ldc,
+static FMLP_ALWAYS_INLINE void FN(store_tile)(vreal acc[GEMM_MR][GEMM_NV], STORE *c, int64_t ldc,
                                               int64_t rows, int64_t cols) {
 #pragma GCC unroll 16
   for (int i = 0; i < GEMM_MR; ++i) {
     if (i >= rows) break;
 #pragma GCC unroll 8
     for (int v = 0; v < GEMM_NV; ++v) {
-      v_store_first(c + i * ldc + v * FMLP_SIMD_WIDTH, acc[i][v], FN(lanes_inside)(cols, v));
+      vs_store_first(c + i * ldc + v * FMLP_SIMD_WIDTH, acc[i][v], FN(lanes_inside)(cols, v));
     }
   }
 }
 
 /* Packed a (an MR-tall panel, element (i, kk) at a[kk * MR + i]) times the
  * packed b panel, into the row-major tile c (rows x cols of it inside). */
-static void FN(microkernel_packed)(int64_t kc, const REAL *restrict a, const REAL *restrict b,
-                                   REAL *c, int64_t ldc, int64_t rows, int64_t cols,
+/* (unused where the unit names its own packed micro-kernels) */
+static __attribute__((unused)) void FN(microkernel_packed)(int64_t kc, const REAL *restrict a,
+                                   const REAL *restrict b, STORE *c, int64_t ldc, int64_t rows, int64_t cols,
                                    const FN(tile_epilogue) *ep) {
   vreal acc[GEMM_MR][GEMM_NV];
   vreal start[GEMM_NV];
 #pragma GCC unroll 8
   for (int v = 0; v < GEMM_NV; ++v) {
     start[v] = ep->first_k_block && ep->bias != NULL
-                   ? v_load_first(ep->bias + v * FMLP_SIMD_WIDTH, FN(lanes_inside)(cols, v))
+                   ? vs_load_first(ep->bias + v * FMLP_SIMD_WIDTH, FN(lanes_inside)(cols, v))
                    : v_zero();
   }
 #pragma GCC unroll 16
@@ -135,14 +149,14 @@ static void FN(microkernel_packed)(int64_t kc, const REAL *restrict a, const REA
 #pragma GCC unroll 8
     for (int v = 0; v < GEMM_NV; ++v) {
       acc[i][v] = !ep->first_k_block && i < rows
-                      ? v_load_first(c + i * ldc + v * FMLP_SIMD_WIDTH, FN(lanes_inside)(cols, v))
+                      ? vs_load_first(c + i * ldc + v * FMLP_SIMD_WIDTH, FN(lanes_inside)(cols, v))
                       : start[v];
     }
   }
-  const REAL *a_rows[GEMM_MR];
+  const void *a_rows[GEMM_MR];
 #pragma GCC unroll 16
   for (int i = 0; i < GEMM_MR; ++i) a_rows[i] = a + i;
-  FN(accumulate_tile)(GEMM_MR, GEMM_NV, acc, kc, a_rows, GEMM_MR, b);
+  FN(accumulate_tile)(GEMM_MR, GEMM_NV, acc, kc, a_rows, 0, GEMM_MR, b);
   if (ep->last_k_block) {
     if (ep->pre != NULL) FN(store_tile)(acc, ep->pre, ep->pre_stride, rows, cols);
     FN(activate_vectors)(&acc[0][0], GEMM_MR * GEMM_NV, ep->activation);
@@ -161,7 +175,7 @@ static void FN(microkernel_packed)(int64_t kc, const REAL *restrict a, const REA
  * m < n_input_rows: W x W blocks transposed in registers (a scalar copy of a
  * 12 x 16 tile took 6% of a 16 x 256 -> 256 product). */
 static FMLP_ALWAYS_INLINE void FN(store_transposed)(vreal acc[GEMM_MR][GEMM_NV],
-                                                    const int mr, const int nv, REAL *out,
+                                                    const int mr, const int nv, STORE *out,
                                                     int64_t stride, int64_t n_weight_rows,
                                                     int64_t n_input_rows) {
 #pragma GCC unroll 4
@@ -178,28 +192,28 @@ static FMLP_ALWAYS_INLINE void FN(store_transposed)(vreal acc[GEMM_MR][GEMM_NV],
       for (int t = 0; t < FMLP_SIMD_WIDTH; ++t) block[t] = i0 + t < mr ? acc[i0 + t][v] : v_zero();
       v_transpose(block);
       for (int64_t t = 0; t < FMLP_SIMD_WIDTH && m0 + t < n_input_rows; ++t) {
-        v_store_first(out + (m0 + t) * stride + i0, block[t], cols);
+        vs_store_first(out + (m0 + t) * stride + i0, block[t], cols);
       }
     }
   }
 }
 
 static FMLP_ALWAYS_INLINE void FN(transposed_tile)(const int mr, const int nv, int64_t k,
-                                                   const REAL *const *w_rows,
+                                                   const void *const *w_rows,
                                                    const REAL *restrict b,
                                                    const FN(product_out) *out,
                                                    int64_t n_weight_rows, int64_t n_input_rows,
-                                                   const REAL *bias,
+                                                   const STORE *bias,
                                                    fmlp_activation activation) {
   vreal acc[GEMM_MR][GEMM_NV];
   const int64_t b_width = (int64_t)nv * FMLP_SIMD_WIDTH;
 #pragma GCC unroll 32
   for (int i = 0; i < mr; ++i) {
-    const vreal start = bias != NULL && i < n_weight_rows ? v_set1(bias[i]) : v_zero();
+    const vreal start = bias != NULL && i < n_weight_rows ? v_set1(to_real(bias[i])) : v_zero();
 #pragma GCC unroll 8
     for (int v = 0; v < nv; ++v) acc[i][v] = start;
   }
-  FN(accumulate_tile)(mr, nv, acc, k, w_rows, 1, b);
+  FN(accumulate_tile)(mr, nv, acc, k, w_rows, 1, 1, b);
   if (out->pre != NULL) {
     FN(store_transposed)(acc, mr, nv, out->pre, out->pre_stride, n_weight_rows, n_input_rows);
   }
@@ -214,16 +228,16 @@ static FMLP_ALWAYS_INLINE void FN(transposed_tile)(const int mr, const int nv, i
     if (i >= n_weight_rows) break;
 #pragma GCC unroll 8
     for (int v = 0; v < nv; ++v) {
-      v_store(out->c_lanes + i * b_width + v * FMLP_SIMD_WIDTH, acc[i][v]);
+      v_store(out->c_lanes + i * b_width + v * FMLP_SIMD_WIDTH, vs_round(acc[i][v]));
     }
   }
 }
 
 /* MR weight rows x NR input rows. */
-static void FN(microkernel_transposed)(int64_t k, const REAL *const *w_rows,
+static void FN(microkernel_transposed)(int64_t k, const void *const *w_rows,
                                        const REAL *restrict b, const FN(product_out) *out,
                                        int64_t n_weight_rows, int64_t n_input_rows,
-                                       const REAL *bias, fmlp_activation activation) {
+                                       const STORE *bias, fmlp_activation activation) {
   FN(transposed_tile)(GEMM_MR, GEMM_NV, k, w_rows, b, out, n_weight_rows, n_input_rows, bias,
                       activation);
 }
@@ -231,11 +245,11 @@ static void FN(microkernel_transposed)(int64_t k, const REAL *const *w_rows,
 /* MR weight rows x one vector of input rows: for up to W input rows, where
  * the NR-wide tile would leave half its lanes empty (16 rows x 256 -> 256:
  * 1.6x faster than the NR-wide tile). */
-static void FN(microkernel_transposed_narrow)(int64_t k, const REAL *const *w_rows,
+static void FN(microkernel_transposed_narrow)(int64_t k, const void *const *w_rows,
                                               const REAL *restrict b,
                                               const FN(product_out) *out,
                                               int64_t n_weight_rows, int64_t n_input_rows,
-                                              const REAL *bias, fmlp_activation activation) {
+                                              const STORE *bias, fmlp_activation activation) {
   FN(transposed_tile)(GEMM_MR, 1, k, w_rows, b, out, n_weight_rows, n_input_rows,
                       bias, activation);
 }
@@ -247,8 +261,8 @@ static void FN(microkernel_transposed_narrow)(int64_t k, const REAL *const *w_ro
 #define DOT_MAX_ROWS 4
 #define DOT_WEIGHT_ROWS 4
 
-static void FN(dot_tile)(int64_t k, const REAL *const x_rows[DOT_MAX_ROWS],
-                         const REAL *const w_rows[DOT_WEIGHT_ROWS],
+static void FN(dot_tile)(int64_t k, const STORE *const x_rows[DOT_MAX_ROWS],
+                         const STORE *const w_rows[DOT_WEIGHT_ROWS],
                          REAL out[DOT_MAX_ROWS][DOT_WEIGHT_ROWS]) {
   vreal acc[DOT_MAX_ROWS][DOT_WEIGHT_ROWS];
 #pragma GCC unroll 4
@@ -261,13 +275,13 @@ static void FN(dot_tile)(int64_t k, const REAL *const x_rows[DOT_MAX_ROWS],
     vreal w[DOT_WEIGHT_ROWS];
 #pragma GCC unroll 4
     for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) {
-      w[j] = lanes >= FMLP_SIMD_WIDTH ? v_load(w_rows[j] + kk)
-                                      : v_load_first(w_rows[j] + kk, lanes);
+      w[j] = lanes >= FMLP_SIMD_WIDTH ? vs_load(w_rows[j] + kk)
+                                      : vs_load_first(w_rows[j] + kk, lanes);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < DOT_MAX_ROWS; ++r) {
-      const vreal x = lanes >= FMLP_SIMD_WIDTH ? v_load(x_rows[r] + kk)
-                                               : v_load_first(x_rows[r] + kk, lanes);
+      const vreal x = lanes >= FMLP_SIMD_WIDTH ? vs_load(x_rows[r] + kk)
+                                               : vs_load_first(x_rows[r] + kk, lanes);
 #pragma GCC unroll 4
       for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) acc[r][j] = v_fma(x, w[j], acc[r][j]);
     }
@@ -296,18 +310,18 @@ _Static_assert(2 * GATED_MR * GATED_NV + 2 * GATED_NV + 1 <= FMLP_SIMD_REGISTERS
                "GATED_MR x GATED_NR spills");
 
 typedef struct {
-  const REAL *bias_gate, *bias_up; /* at the tile's first column, or NULL */
-  REAL *gate, *up;                 /* partial sums between K blocks; the
-                                      pre-activations when save_gate_up */
+  const STORE *bias_gate, *bias_up; /* at the tile's first column, or NULL */
+  STORE *gate, *up;                 /* partial sums between K blocks; the
+                                       pre-activations when save_gate_up */
   int64_t gate_up_stride;
-  REAL *product; /* act(gate) * up, written on the last K block */
+  STORE *product; /* act(gate) * up, formed in REAL, written on the last K block */
   int64_t product_stride;
   fmlp_activation activation;
   int first_k_block, last_k_block, save_gate_up;
 } FN(gated_tile_epilogue);
 
 static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GATED_NV],
-                                                    const REAL *bias, const REAL *partial,
+                                                    const STORE *bias, const STORE *partial,
                                                     int64_t stride, int first_k_block,
                                                     int64_t rows, int64_t cols) {
 #pragma GCC unroll 16
@@ -316,10 +330,10 @@ static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GATED_NV
     for (int v = 0; v < GATED_NV; ++v) {
       const int64_t lanes = FN(lanes_inside)(cols, v);
       if (!first_k_block) {
-        acc[i][v] = i < rows ? v_load_first(partial + i * stride + v * FMLP_SIMD_WIDTH, lanes)
+        acc[i][v] = i < rows ? vs_load_first(partial + i * stride + v * FMLP_SIMD_WIDTH, lanes)
                              : v_zero();
       } else {
-        acc[i][v] = bias != NULL ? v_load_first(bias + v * FMLP_SIMD_WIDTH, lanes) : v_zero();
+        acc[i][v] = bias != NULL ? vs_load_first(bias + v * FMLP_SIMD_WIDTH, lanes) : v_zero();
       }
     }
   }
@@ -330,8 +344,10 @@ static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GATED_NV
  * the matching packed NR-wide weight panels. Gate and up accumulate in one
  * pass over K, so the input is read once and act(gate) * up is stored
  * without a round trip through memory. */
-static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL *restrict b_gate,
-                                  const REAL *restrict b_up, int64_t rows, int64_t cols,
+static __attribute__((unused)) void FN(microkernel_gated)(int64_t kc, const REAL *restrict a,
+                                                          const REAL *restrict b_gate,
+                                                          const REAL *restrict b_up,
+                                                          int64_t rows, int64_t cols,
                                   const FN(gated_tile_epilogue) *ep) {
   vreal gate[GATED_MR][GATED_NV], up[GATED_MR][GATED_NV];
   FN(load_gated_start)(gate, ep->bias_gate, ep->gate, ep->gate_up_stride, ep->first_k_block,
@@ -364,8 +380,8 @@ static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL
       for (int v = 0; v < GATED_NV; ++v) {
         const int64_t lanes = FN(lanes_inside)(cols, v);
         const int64_t at = i * ep->gate_up_stride + v * FMLP_SIMD_WIDTH;
-        v_store_first(ep->gate + at, gate[i][v], lanes);
-        v_store_first(ep->up + at, up[i][v], lanes);
+        vs_store_first(ep->gate + at, gate[i][v], lanes);
+        vs_store_first(ep->up + at, up[i][v], lanes);
       }
     }
   }
@@ -376,11 +392,10 @@ static void FN(microkernel_gated)(int64_t kc, const REAL *restrict a, const REAL
     if (i >= rows) break;
 #pragma GCC unroll 8
     for (int v = 0; v < GATED_NV; ++v) {
-      v_store_first(ep->product + i * ep->product_stride + v * FMLP_SIMD_WIDTH,
+      vs_store_first(ep->product + i * ep->product_stride + v * FMLP_SIMD_WIDTH,
                     v_mul(gate[i][v], up[i][v]), FN(lanes_inside)(cols, v));
     }
   }
 }
 
-#define FMLP_MICROKERNEL FN(microkernel_packed)
 #include "few_rows_simd.h"

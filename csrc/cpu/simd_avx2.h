@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define FMLP_SIMD_WIDTH 8
 #define FMLP_SIMD_REGISTERS 16
@@ -60,6 +61,47 @@ static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal othe
 /* a <= b, false where either is NaN */
 static inline vreal v_select_less_equal(vreal a, vreal b, vreal if_true, vreal otherwise) {
   return _mm256_blendv_ps(otherwise, if_true, _mm256_cmp_ps(a, b, _CMP_LE_OQ));
+}
+
+/* bfloat16 (its 16 bits, as bf16.h stores it) to float and back, 8 at a time,
+ * for the units with bfloat16 storage: widening is exact, narrowing rounds to
+ * nearest even and turns NaN into 0x7FC0, as bf16.h does. AVX2 has no 16-bit
+ * masked loads and stores: the first n go through a small buffer. */
+static inline vreal v_from_bf16_bits(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+/* v's bits rounded to the nearest bfloat16 (ties to even): the upper halves. */
+static inline __m256i v_rounded_bf16_bits(vreal v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC00000), nan);
+}
+static inline __m128i v_bf16_bits(vreal v) {
+  const __m256i high = _mm256_srli_epi32(v_rounded_bf16_bits(v), 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1));
+}
+static inline vreal v_load_bf16(const uint16_t *p) {
+  return v_from_bf16_bits(_mm_loadu_si128((const __m128i *)p));
+}
+static inline vreal v_load_first_bf16(const uint16_t *p, int64_t n) {
+  uint16_t lanes[8] = {0};
+  memcpy(lanes, p, (size_t)(n < 8 ? n : 8) * sizeof(uint16_t));
+  return v_load_bf16(lanes);
+}
+static inline void v_store_bf16(uint16_t *p, vreal v) {
+  _mm_storeu_si128((__m128i *)p, v_bf16_bits(v));
+}
+static inline void v_store_first_bf16(uint16_t *p, vreal v, int64_t n) {
+  uint16_t lanes[8];
+  v_store_bf16(lanes, v);
+  memcpy(p, lanes, (size_t)(n < 8 ? n : 8) * sizeof(uint16_t));
+}
+/* v rounded as a bfloat16 store would, kept as float */
+static inline vreal v_round_bf16(vreal v) {
+  return _mm256_castsi256_ps(
+      _mm256_and_si256(v_rounded_bf16_bits(v), _mm256_set1_epi32((int)0xFFFF0000u)));
 }
 
 static inline float v_sum(vreal a) {

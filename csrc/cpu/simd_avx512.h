@@ -61,6 +61,41 @@ static inline vreal v_select_less_equal(vreal a, vreal b, vreal if_true, vreal o
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LE_OQ), otherwise, if_true);
 }
 
+/* bfloat16 (its 16 bits, as bf16.h stores it) to float and back, 16 at a
+ * time, for the units with bfloat16 storage: widening is exact, narrowing
+ * rounds to nearest even and turns NaN into 0x7FC0, as bf16.h does. */
+static inline vreal v_from_bf16_bits(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+/* v's bits rounded to the nearest bfloat16 (ties to even): the upper halves. */
+static inline __m512i v_rounded_bf16_bits(vreal v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_blend_epi32(nan, rounded, _mm512_set1_epi32(0x7FC00000));
+}
+static inline __m256i v_bf16_bits(vreal v) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(v_rounded_bf16_bits(v), 16));
+}
+static inline vreal v_load_bf16(const uint16_t *p) {
+  return v_from_bf16_bits(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline vreal v_load_first_bf16(const uint16_t *p, int64_t n) {
+  return v_from_bf16_bits(_mm256_maskz_loadu_epi16(v_first_lanes(n), p));
+}
+static inline void v_store_bf16(uint16_t *p, vreal v) {
+  _mm256_storeu_si256((__m256i *)p, v_bf16_bits(v));
+}
+static inline void v_store_first_bf16(uint16_t *p, vreal v, int64_t n) {
+  _mm256_mask_storeu_epi16(p, v_first_lanes(n), v_bf16_bits(v));
+}
+/* v rounded as a bfloat16 store would, kept as float */
+static inline vreal v_round_bf16(vreal v) {
+  return _mm512_castsi512_ps(
+      _mm512_and_si512(v_rounded_bf16_bits(v), _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
 static inline float v_sum(vreal a) { return _mm512_reduce_add_ps(a); }
 
 /* r[i][j] = r[j][i] for a 16 x 16 block held as 16 rows: unpacks within

@@ -160,18 +160,18 @@ static inline __attribute__((always_inline)) vreal FN(v_activation_grad)(
   return grad;
 }
 
-/* out[0, n) = grad * act'(pre), a vector at a time; the tail is masked.
- * out may be grad. */
-static void FN(activation_grad_span)(REAL *out, const REAL *grad, const REAL *pre, int64_t n,
+/* out[0, n) = grad * act'(pre) over storage, a vector at a time in REAL; the
+ * tail is masked. out may be grad. */
+static void FN(activation_grad_span)(STORE *out, const STORE *grad, const STORE *pre, int64_t n,
                                      fmlp_activation activation) {
   int64_t i = 0;
   for (; i + FMLP_SIMD_WIDTH <= n; i += FMLP_SIMD_WIDTH) {
-    v_store(out + i, FN(v_activation_grad)(v_load(grad + i), v_load(pre + i), activation));
+    vs_store(out + i, FN(v_activation_grad)(vs_load(grad + i), vs_load(pre + i), activation));
   }
   if (i < n) {
     const vreal tail =
-        FN(v_activation_grad)(v_load_first(grad + i, n - i), v_load_first(pre + i, n - i),
+        FN(v_activation_grad)(vs_load_first(grad + i, n - i), vs_load_first(pre + i, n - i),
                               activation);
-    v_store_first(out + i, tail, n - i);
+    vs_store_first(out + i, tail, n - i);
   }
 }

@@ -1,6 +1,6 @@
 // CPU kernels of the fusedmlp ops: tensors to pointers and strides, ATen's
-// thread pool to the C kernels. bfloat16 runs the float kernels on converted
-// copies.
+// thread pool to the C kernels, which take every dtype here (bfloat16
+// included) as it is stored.
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/library.h>
@@ -24,28 +24,21 @@ void check_status(fmlp_status status, const char *op) {
   TORCH_CHECK(status == FMLP_OK, op, ": CPU kernel failed: ", fmlp_status_string(status));
 }
 
-at::ScalarType compute_type(at::ScalarType storage) {
-  return storage == at::kBFloat16 ? at::kFloat : storage;
-}
-
-fmlp_dtype kernel_dtype(at::ScalarType compute) {
-  return compute == at::kDouble ? FMLP_F64 : FMLP_F32;
+fmlp_dtype kernel_dtype(at::ScalarType storage) {
+  switch (storage) {
+    case at::kDouble: return FMLP_F64;
+    case at::kBFloat16: return FMLP_BF16;
+    default: return FMLP_F32;
+  }
 }
 
 fmlp_input input_of(const at::Tensor &t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
 
 const void *optional_data(const at::Tensor &t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-// t as `type`: t itself when it has it, without a dispatcher call (a 3-layer
-// MLP made 11 such calls, about 1 us of a small call's cost).
-at::Tensor as_type(const at::Tensor &t, at::ScalarType type) {
-  return t.scalar_type() == type ? t : t.to(type);
-}
-
-at::Tensor compute_bias(const std::optional<at::Tensor> &bias, at::ScalarType compute) {
+at::Tensor contiguous_bias(const std::optional<at::Tensor> &bias) {
   if (!bias.has_value()) return at::Tensor();
-  const at::Tensor b = as_type(*bias, compute);
-  return b.is_contiguous() ? b : b.contiguous();
+  return bias->is_contiguous() ? *bias : bias->contiguous();
 }
 
 void *offset_data(const at::Tensor &buffer, int64_t offset) {
@@ -100,16 +93,12 @@ struct CpuBackend {
   static TensorPair chain(const char *op, const at::Tensor &x_rows, at::TensorList weights,
                           at::TensorList biases, fmlp_activation hidden,
                           fmlp_activation final_activation, bool save) {
-    const at::ScalarType storage = x_rows.scalar_type(), compute = compute_type(storage);
-    const auto options = x_rows.options().dtype(compute);
+    const at::ScalarType storage = x_rows.scalar_type();
+    const auto options = x_rows.options();
     const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
     std::vector<int64_t> widths = chain_widths(x_rows, weights);
-    std::vector<at::Tensor> w(weights.size()), b(weights.size());
-    for (size_t l = 0; l < weights.size(); ++l) {
-      w[l] = as_type(weights[l], compute);
-      b[l] = compute_bias(bias_at(biases, l), compute);
-    }
-    const at::Tensor x = as_type(x_rows, compute);
+    std::vector<at::Tensor> b(weights.size());
+    for (size_t l = 0; l < weights.size(); ++l) b[l] = contiguous_bias(bias_at(biases, l));
     at::Tensor y = at::empty({rows, widths.back()}, options);
     const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
     at::Tensor saved = at::empty({save ? layout.total : 0}, options);
@@ -120,7 +109,7 @@ struct CpuBackend {
     // layer gets its own event; otherwise one call runs row blocks through
     // every layer.
     const bool per_layer = n_layers > 1 && (at::hasCallbacks() || host);
-    at::Tensor input = x;
+    at::Tensor input = x_rows;
     for (int64_t first = 0; first < n_layers; first += per_layer ? 1 : n_layers) {
       const int64_t count = per_layer ? 1 : n_layers;
       const bool ends_chain = first + count == n_layers;
@@ -134,13 +123,13 @@ struct CpuBackend {
       std::vector<const void *> b_data;
       std::vector<void *> pre_data, hidden_data;
       for (int64_t l = first; l < first + count; ++l) {
-        w_inputs.push_back(input_of(w[l]));
+        w_inputs.push_back(input_of(weights[l]));
         b_data.push_back(optional_data(b[l]));
         pre_data.push_back(save ? offset_data(saved, layout.pre_offset[l]) : nullptr);
         hidden_data.push_back(save ? offset_data(saved, layout.hidden_offset[l]) : nullptr);
       }
       const fmlp_cpu_chain_args args = {
-          .dtype = kernel_dtype(compute),
+          .dtype = kernel_dtype(storage),
           .rows = rows,
           .n_layers = count,
           .widths = widths.data() + first,
@@ -161,14 +150,14 @@ struct CpuBackend {
         const at::Tensor pre =
             offset >= 0 ? saved.narrow(0, offset, rows * widths[first + 1]).view({rows, -1})
                         : at::Tensor();
-        host_gemm_layer(op, input, w[first], b[first], args.final_activation, pre, out,
+        host_gemm_layer(op, input, weights[first], b[first], args.final_activation, pre, out,
                         threading);
       } else {
         check_status(fmlp_cpu_chain(&args, &threading), op);
       }
       input = out;
     }
-    return {as_type(y, storage), as_type(saved, storage)};
+    return {y, saved};
   }
 
   static TensorPair gated(const char *op, const at::Tensor &x_rows, const at::Tensor &w_gate,
@@ -176,13 +165,11 @@ struct CpuBackend {
                           const OptionalTensor &bias_gate, const OptionalTensor &bias_up,
                           const OptionalTensor &bias_down, fmlp_activation activation,
                           bool save) {
-    const at::ScalarType storage = x_rows.scalar_type(), compute = compute_type(storage);
-    const auto options = x_rows.options().dtype(compute);
+    const at::ScalarType storage = x_rows.scalar_type();
+    const auto options = x_rows.options();
     const int64_t rows = x_rows.size(0), hidden = w_gate.size(0), out_dim = w_down.size(0);
-    const at::Tensor x = as_type(x_rows, compute), wg = as_type(w_gate, compute),
-                     wu = as_type(w_up, compute), wd = as_type(w_down, compute),
-                     bg = compute_bias(bias_gate, compute), bu = compute_bias(bias_up, compute),
-                     bd = compute_bias(bias_down, compute);
+    const at::Tensor bg = contiguous_bias(bias_gate), bu = contiguous_bias(bias_up),
+                     bd = contiguous_bias(bias_down);
     at::Tensor y = at::empty({rows, out_dim}, options);
     at::Tensor saved = at::empty({save ? 3 : 0, rows, hidden}, options);
     const fmlp_threading threading = aten_threading();
@@ -190,9 +177,9 @@ struct CpuBackend {
       const auto block = [&](int64_t i) {  // gate, up, product: saved, or scratch
         return save ? saved[i] : at::empty({rows, hidden}, options);
       };
-      host_gemm_gated(op, x, {wg, wu, wd}, {bg, bu, bd}, activation,
+      host_gemm_gated(op, x_rows, {w_gate, w_up, w_down}, {bg, bu, bd}, activation,
                       {block(0), block(1), block(2)}, y, threading);
-      return {as_type(y, storage), as_type(saved, storage)};
+      return {y, saved};
     }
     // Under a profiler the block runs in two labelled stages (gate and up with their
     // product, then down); otherwise row blocks run through all of it in one call.
@@ -200,15 +187,15 @@ struct CpuBackend {
     const at::Tensor product =
         save ? saved[2] : (staged ? at::empty({rows, hidden}, options) : at::Tensor());
     fmlp_cpu_gated_args args = {
-        .dtype = kernel_dtype(compute),
+        .dtype = kernel_dtype(storage),
         .rows = rows,
-        .dim = x.size(1),
+        .dim = x_rows.size(1),
         .hidden = hidden,
         .out_dim = out_dim,
-        .x = input_of(x),
-        .w_gate = input_of(wg),
-        .w_up = input_of(wu),
-        .w_down = input_of(wd),
+        .x = input_of(x_rows),
+        .w_gate = input_of(w_gate),
+        .w_up = input_of(w_up),
+        .w_down = input_of(w_down),
         .bias_gate = optional_data(bg),
         .bias_up = optional_data(bu),
         .bias_down = optional_data(bd),
@@ -221,7 +208,7 @@ struct CpuBackend {
     };
     if (!staged) {
       check_status(fmlp_cpu_gated(&args, &threading), op);
-      return {as_type(y, storage), as_type(saved, storage)};
+      return {y, saved};
     }
     {
       RECORD_FUNCTION(std::string(op) + ".gate_up", std::vector<c10::IValue>());
@@ -234,10 +221,10 @@ struct CpuBackend {
     {
       RECORD_FUNCTION(std::string(op) + ".down", std::vector<c10::IValue>());
       const int64_t widths[2] = {hidden, out_dim};
-      const fmlp_input down = input_of(wd);
+      const fmlp_input down = input_of(w_down);
       const void *down_bias = optional_data(bd);
       const fmlp_cpu_chain_args down_args = {
-          .dtype = kernel_dtype(compute),
+          .dtype = kernel_dtype(storage),
           .rows = rows,
           .n_layers = 1,
           .widths = widths,
@@ -253,50 +240,43 @@ struct CpuBackend {
       };
       check_status(fmlp_cpu_chain(&down_args, &threading), op);
     }
-    return {as_type(y, storage), as_type(saved, storage)};
+    return {y, saved};
   }
 
   static at::Tensor activation_backward(const at::Tensor &grad, const at::Tensor &pre,
                                         fmlp_activation activation) {
-    const at::ScalarType storage = grad.scalar_type(), compute = compute_type(storage);
-    const at::Tensor g = as_type(grad, compute), p = as_type(pre, compute);
-    at::Tensor grad_pre = at::empty_like(g);
+    at::Tensor grad_pre = at::empty_like(grad);
     const fmlp_threading threading = aten_threading();
-    check_status(fmlp_cpu_activation_backward(kernel_dtype(compute), g.numel(), g.data_ptr(),
-                                              p.data_ptr(), activation, grad_pre.data_ptr(),
-                                              &threading),
+    check_status(fmlp_cpu_activation_backward(kernel_dtype(grad.scalar_type()), grad.numel(),
+                                              grad.data_ptr(), pre.data_ptr(), activation,
+                                              grad_pre.data_ptr(), &threading),
                  "fusedmlp.activation_backward");
-    return as_type(grad_pre, storage);
+    return grad_pre;
   }
 
   static TensorPair gated_backward(const at::Tensor &grad_product, const at::Tensor &gate,
                                    const at::Tensor &up, fmlp_activation activation) {
-    const at::ScalarType storage = grad_product.scalar_type(), compute = compute_type(storage);
-    const at::Tensor g = as_type(grad_product, compute), ga = as_type(gate, compute),
-                     u = as_type(up, compute);
+    const at::Tensor &g = grad_product;
     at::Tensor grad_gate = at::empty_like(g), grad_up = at::empty_like(g);
     const fmlp_threading threading = aten_threading();
-    check_status(fmlp_cpu_gated_backward(kernel_dtype(compute), g.numel(), g.data_ptr(),
-                                         ga.data_ptr(), u.data_ptr(), activation,
+    check_status(fmlp_cpu_gated_backward(kernel_dtype(g.scalar_type()), g.numel(), g.data_ptr(),
+                                         gate.data_ptr(), up.data_ptr(), activation,
                                          grad_gate.data_ptr(), grad_up.data_ptr(), &threading),
                  "fusedmlp.gated_backward");
-    return {as_type(grad_gate, storage), as_type(grad_up, storage)};
+    return {grad_gate, grad_up};
   }
 };
 
-// What a backward computes from, in the compute dtype: x as rows, grad_y as
-// contiguous rows, the saved buffer contiguous.
+// What a backward computes from: x as rows, grad_y as contiguous rows, the
+// saved buffer contiguous.
 struct BackwardInputs {
-  at::ScalarType storage;
   at::TensorOptions options;
   at::Tensor x_rows, grad, saved;
 };
 
 BackwardInputs backward_inputs(const at::Tensor &x, const at::Tensor &grad_y,
                                const at::Tensor &saved) {
-  const at::ScalarType storage = x.scalar_type(), compute = compute_type(storage);
-  return {storage, x.options().dtype(compute), as_type(as_rows(x), compute),
-          as_type(as_rows(grad_y), compute).contiguous(), as_type(saved, compute).contiguous()};
+  return {x.options(), as_rows(x), as_rows(grad_y).contiguous(), saved.contiguous()};
 }
 
 // The whole backwards, CPU only: elsewhere they are ATen GEMMs around the pointwise
@@ -309,20 +289,18 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_b
   const fmlp_activation hidden = parse_activation(hidden_activation),
                         final_act = parse_activation(final_activation);
   check_chain_backward(op, grad_y, x, weights, saved, hidden, final_act, CpuBackend::dtypes());
-  const auto [storage, options, x_rows, grad, saved_compute] = backward_inputs(x, grad_y, saved);
-  const at::ScalarType compute = options.dtype().toScalarType();
+  const auto [options, x_rows, grad, saved_rows] = backward_inputs(x, grad_y, saved);
   const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
   const std::vector<int64_t> widths = chain_widths(x, weights);
   const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_act);
-  std::vector<at::Tensor> w(weights.size()), grad_w(weights.size()), grad_b;
+  std::vector<at::Tensor> grad_w(weights.size()), grad_b;
   std::vector<fmlp_input> w_inputs;
   std::vector<const void *> pre_data, hidden_data;
   std::vector<void *> grad_w_data, grad_b_data;
   for (int64_t l = 0; l < n_layers; ++l) {
-    w[l] = as_type(weights[l], compute);
-    w_inputs.push_back(input_of(w[l]));
-    pre_data.push_back(offset_data(saved_compute, layout.pre_offset[l]));
-    hidden_data.push_back(offset_data(saved_compute, layout.hidden_offset[l]));
+    w_inputs.push_back(input_of(weights[l]));
+    pre_data.push_back(offset_data(saved_rows, layout.pre_offset[l]));
+    hidden_data.push_back(offset_data(saved_rows, layout.hidden_offset[l]));
     grad_w[l] = at::empty({widths[l + 1], widths[l]}, options);
     grad_w_data.push_back(grad_w[l].data_ptr());
     if (bias) {
@@ -332,7 +310,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_b
   }
   at::Tensor grad_x = at::empty({need_grad_x ? rows : 0, widths[0]}, options);
   const fmlp_cpu_chain_backward_args args = {
-      .dtype = kernel_dtype(compute),
+      .dtype = kernel_dtype(x.scalar_type()),
       .rows = rows,
       .n_layers = n_layers,
       .widths = widths.data(),
@@ -349,9 +327,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_b
   };
   const fmlp_threading threading = aten_threading();
   check_status(fmlp_cpu_chain_backward(&args, &threading), op);
-  for (auto &t : grad_w) t = as_type(t, storage);
-  for (auto &t : grad_b) t = as_type(t, storage);
-  grad_x = need_grad_x ? as_type(grad_x.view(x.sizes()), storage) : x.new_empty({0});
+  grad_x = need_grad_x ? grad_x.view(x.sizes()) : x.new_empty({0});
   return {grad_x, grad_w, grad_b};
 }
 
@@ -362,10 +338,8 @@ gated_mlp_backward(const at::Tensor &grad_y, const at::Tensor &x, const at::Tens
   const char *op = "fusedmlp.gated_mlp_backward";
   const fmlp_activation act = parse_activation(activation);
   check_gated_backward(op, grad_y, x, w_gate, w_up, w_down, saved, CpuBackend::dtypes());
-  const auto [storage, options, x_rows, grad, s] = backward_inputs(x, grad_y, saved);
-  const at::ScalarType compute = options.dtype().toScalarType();
-  const at::Tensor wg = as_type(w_gate, compute), wu = as_type(w_up, compute),
-                   wd = as_type(w_down, compute);
+  const auto [options, x_rows, grad, s] = backward_inputs(x, grad_y, saved);
+  const at::Tensor &wg = w_gate, &wu = w_up, &wd = w_down;
   const int64_t rows = x_rows.size(0);
   at::Tensor grad_x = at::empty({need_grad_x ? rows : 0, x_rows.size(1)}, options);
   std::array<at::Tensor, 3> grad_w = {at::empty(wg.sizes(), options),
@@ -376,7 +350,7 @@ gated_mlp_backward(const at::Tensor &grad_y, const at::Tensor &x, const at::Tens
     if (bias[p]) grad_b[p] = at::empty({grad_w[p].size(0)}, options);
   }
   const fmlp_cpu_gated_block_backward_args args = {
-      .dtype = kernel_dtype(compute),
+      .dtype = kernel_dtype(x.scalar_type()),
       .rows = rows,
       .dim = x_rows.size(1),
       .hidden = wg.size(0),
@@ -402,11 +376,10 @@ gated_mlp_backward(const at::Tensor &grad_y, const at::Tensor &x, const at::Tens
   check_status(fmlp_cpu_gated_block_backward(&args, &threading), op);
   std::vector<at::Tensor> present_b;
   for (size_t p = 0; p < 3; ++p) {
-    if (bias[p]) present_b.push_back(as_type(grad_b[p], storage));
+    if (bias[p]) present_b.push_back(grad_b[p]);
   }
-  grad_x = need_grad_x ? as_type(grad_x.view(x.sizes()), storage) : x.new_empty({0});
-  return {grad_x, as_type(grad_w[0], storage), as_type(grad_w[1], storage),
-          as_type(grad_w[2], storage), present_b};
+  grad_x = need_grad_x ? grad_x.view(x.sizes()) : x.new_empty({0});
+  return {grad_x, grad_w[0], grad_w[1], grad_w[2], present_b};
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bf16.h"
 #include "fusedmlp/cpu.h"
 #include "reference.h"
 
@@ -502,8 +503,8 @@ static void fuzz_invalid(tally *t) {
   expect_status(t, fmlp_cpu_chain(&ok, NULL), FMLP_OK, "valid chain");
   expect_status(t, fmlp_cpu_chain(NULL, NULL), FMLP_ERR_INVALID_ARGUMENT, "NULL args");
   fmlp_cpu_chain_args bad = ok;
-  bad.dtype = FMLP_BF16;
-  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "bf16 dtype on CPU");
+  bad.dtype = FMLP_F16;
+  expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "f16 dtype on CPU");
   bad = ok;
   bad.n_layers = 0;
   expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "zero layers");

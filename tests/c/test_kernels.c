@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "fusedmlp/cpu.h"
 #include "memory.h"
 #include "reference.h"
@@ -31,11 +32,15 @@ static void reversed_parallel_for(void *pool, int64_t n_tasks, void *context, fm
   for (int64_t t = n_tasks - 1; t >= 0; --t) fn(context, t, t + 1);
 }
 
+static size_t elem_size(fmlp_dtype dtype) {
+  return dtype == FMLP_F64 ? sizeof(double) : dtype == FMLP_BF16 ? sizeof(fmlp_bf16) : sizeof(float);
+}
+
 /* A matrix of rows x cols in either layout, filled from seed. Returns the
  * buffer (caller frees) and the strides through *input. */
 static void *make_matrix(fmlp_dtype dtype, int64_t rows, int64_t cols, int transposed,
                          uint64_t seed, fmlp_input *input) {
-  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  const size_t elem = elem_size(dtype);
   void *data = malloc((size_t)(rows * cols > 0 ? rows * cols : 1) * elem);
   input->data = data;
   input->row_stride = transposed ? 1 : cols;
@@ -45,6 +50,7 @@ static void *make_matrix(fmlp_dtype dtype, int64_t rows, int64_t cols, int trans
       const int64_t at = r * input->row_stride + c * input->col_stride;
       const double v = sample(seed, r * cols + c);
       if (dtype == FMLP_F64) ((double *)data)[at] = v;
+      else if (dtype == FMLP_BF16) ((fmlp_bf16 *)data)[at] = fmlp_float_to_bf16((float)v);
       else ((float *)data)[at] = (float)v;
     }
   }
@@ -52,11 +58,27 @@ static void *make_matrix(fmlp_dtype dtype, int64_t rows, int64_t cols, int trans
 }
 
 static double element(fmlp_dtype dtype, const void *data, int64_t at) {
-  return dtype == FMLP_F64 ? ((const double *)data)[at] : ((const float *)data)[at];
+  switch (dtype) {
+    case FMLP_F64: return ((const double *)data)[at];
+    case FMLP_BF16: return fmlp_bf16_to_float(((const fmlp_bf16 *)data)[at]);
+    default: return ((const float *)data)[at];
+  }
 }
 
+/* bfloat16 rounds every stored value to 8 bits (2^-8 relative), and the
+ * reference keeps the intermediates (hidden layers, gradients) it rounds:
+ * errors grow as the square root of the terms summed. */
 static double tolerance(fmlp_dtype dtype, int64_t k) {
+  if (dtype == FMLP_BF16) return 8e-3 * sqrt((double)(k + 4));
   return (dtype == FMLP_F64 ? 1e-12 : 2e-6) * (double)(k + 4);
+}
+
+/* tolerance for a sum of terms whose magnitudes add up to `magnitude`: bfloat16
+ * rounds each stored term (a gated block's product), so its error follows the
+ * terms, not the sum, which may cancel. */
+static double sum_tolerance(fmlp_dtype dtype, int64_t k, double want, double magnitude) {
+  const double tol = tolerance(dtype, k);
+  return dtype == FMLP_BF16 ? tol * (1 + magnitude) / (1 + fabs(want)) : tol;
 }
 
 static void check_close(tally *t, const char *what, double got, double want, double tol) {
@@ -74,7 +96,7 @@ static void test_linear(tally *t, fmlp_dtype dtype, int64_t m, int64_t n, int64_
   void *w_data = make_matrix(dtype, n, k, !transposed, 2, &w);
   fmlp_input b_in;
   void *b_data = make_matrix(dtype, 1, n, 0, 3, &b_in);
-  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  const size_t elem = elem_size(dtype);
   void *y = malloc((size_t)(m * n > 0 ? m * n : 1) * elem);
   void *pre = malloc((size_t)(m * n > 0 ? m * n : 1) * elem);
   const int64_t widths[2] = {k, n};
@@ -121,7 +143,7 @@ static void test_chain_matches_layers(tally *t, fmlp_dtype dtype, int64_t m,
   void *x_data = make_matrix(dtype, m, widths[0], 0, 10, &x);
   void *w_data[3];
   for (int l = 0; l < 3; ++l) w_data[l] = make_matrix(dtype, widths[l + 1], widths[l], 0, 20 + l, &w[l]);
-  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  const size_t elem = elem_size(dtype);
   void *y = calloc((size_t)(m * widths[3] + 1), elem);
   void *step[3];
   for (int l = 0; l < 3; ++l) step[l] = calloc((size_t)(m * widths[l + 1] + 1), elem);
@@ -163,7 +185,7 @@ static void test_gated(tally *t, fmlp_dtype dtype, int64_t m, int64_t dim, int64
   void *wu_data = make_matrix(dtype, hidden, dim, 1, 32, &wu);
   void *wd_data = make_matrix(dtype, dim, hidden, 0, 33, &wd);
   void *b_data = make_matrix(dtype, 1, hidden, 0, 34, &bias);
-  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  const size_t elem = elem_size(dtype);
   void *y = calloc((size_t)(m * dim + 1), elem);
   void *saved = calloc((size_t)(3 * m * hidden + 1), elem);
   const fmlp_cpu_gated_args args = {
@@ -176,6 +198,9 @@ static void test_gated(tally *t, fmlp_dtype dtype, int64_t m, int64_t dim, int64
   const int before = t->failed;
   if (status != FMLP_OK) t->failed++;
   double *product = calloc((size_t)(hidden + 1), sizeof(double));
+  char what[96];
+  snprintf(what, sizeof what, "gated output dtype=%d m=%lld dim=%lld hidden=%lld act=%d", dtype,
+           (long long)m, (long long)dim, (long long)hidden, act);
   for (int64_t i = 0; i < m && status == FMLP_OK; ++i) {
     for (int64_t h = 0; h < hidden; ++h) {
       double g = element(dtype, b_data, h), u = 0;
@@ -189,10 +214,14 @@ static void test_gated(tally *t, fmlp_dtype dtype, int64_t m, int64_t dim, int64
                   tolerance(dtype, dim));
     }
     for (int64_t j = 0; j < dim; ++j) {
-      double z = 0;
-      for (int64_t h = 0; h < hidden; ++h) z += product[h] * element(dtype, wd_data, j * hidden + h);
-      check_close(t, "gated output", element(dtype, y, i * dim + j), z,
-                  tolerance(dtype, dim + hidden));
+      double z = 0, magnitude = 0;
+      for (int64_t h = 0; h < hidden; ++h) {
+        const double term = product[h] * element(dtype, wd_data, j * hidden + h);
+        z += term;
+        magnitude += fabs(term);
+      }
+      check_close(t, what, element(dtype, y, i * dim + j), z,
+                  sum_tolerance(dtype, dim + hidden, z, magnitude));
     }
   }
   if (t->failed == before) t->passed++;
@@ -321,7 +350,7 @@ static void test_gemm_path(tally *t) {
 static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int64_t widths[3],
                                 fmlp_activation hidden, fmlp_activation final, int transposed,
                                 const fmlp_threading *threading) {
-  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  const size_t elem = elem_size(dtype);
   fmlp_input x, w[2], b[2], gy;
   void *x_data = make_matrix(dtype, m, widths[0], transposed, 20, &x);
   void *gy_data = make_matrix(dtype, m, widths[2], 0, 21, &gy);
@@ -359,7 +388,9 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
     fprintf(stderr, "FAIL %s: status %s\n", what, fmlp_status_string(status));
     t->failed++;
   } else {
-    /* the reference: forward in double, then grad_pre per layer from the top */
+    /* the reference, from the tensors the forward saved (a backward's inputs: a
+     * bfloat16 ReLU's mask may differ from double's where the pre-activation is
+     * within rounding of 0), then grad_pre per layer from the top, in double */
     const int64_t n0 = widths[0], n1 = widths[1], n2 = widths[2];
     double *pre1 = calloc((size_t)(m * n1 + 1), sizeof(double));
     double *gp2 = calloc((size_t)(m * n2 + 1), sizeof(double));
@@ -370,13 +401,14 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
       for (int64_t j = 0; j < n1; ++j) {
         double z = element(dtype, b_data[0], j);
         for (int64_t kk = 0; kk < n0; ++kk) z += X(i, kk) * W(0, j, kk);
-        pre1[i * n1 + j] = z;
+        check_close(t, what, element(dtype, pre[0], i * n1 + j), z, tolerance(dtype, n0));
+        pre1[i * n1 + j] = element(dtype, pre[0], i * n1 + j);
       }
       for (int64_t j = 0; j < n2; ++j) {
         double z = element(dtype, b_data[1], j);
-        for (int64_t kk = 0; kk < n1; ++kk) {
-          z += reference_activation(pre1[i * n1 + kk], hidden) * W(1, j, kk);
-        }
+        for (int64_t kk = 0; kk < n1; ++kk) z += element(dtype, h, i * n1 + kk) * W(1, j, kk);
+        check_close(t, what, element(dtype, pre[1], i * n2 + j), z, tolerance(dtype, n1));
+        z = element(dtype, pre[1], i * n2 + j);
         gp2[i * n2 + j] = element(dtype, gy_data, i * n2 + j) * reference_activation_grad(z, final);
       }
       for (int64_t j = 0; j < n1; ++j) {
@@ -396,8 +428,7 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
         for (int64_t kk = 0; kk < widths[l]; ++kk) {
           double dw = 0;
           for (int64_t i = 0; i < m; ++i) {
-            const double below =
-                l == 0 ? X(i, kk) : reference_activation(pre1[i * n1 + kk], hidden);
+            const double below = l == 0 ? X(i, kk) : element(dtype, h, i * n1 + kk);
             dw += gp[l][i * widths[l + 1] + j] * below;
           }
           check_close(t, what, element(dtype, grad_w[l], j * widths[l] + kk), dw, tol);
@@ -437,7 +468,7 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
 static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int64_t dim,
                                       int64_t hidden, int64_t out_dim, fmlp_activation act,
                                       int transposed, const fmlp_threading *threading) {
-  const size_t elem = dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  const size_t elem = elem_size(dtype);
   fmlp_input x, w[3], b[3], gy; /* w, b: gate, up, down */
   const int64_t w_rows[3] = {hidden, hidden, out_dim}, w_cols[3] = {dim, dim, hidden};
   void *x_data = make_matrix(dtype, m, dim, transposed, 40, &x);
@@ -488,7 +519,16 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
         for (int64_t j = 0; j < out_dim; ++j) {
           gp += element(dtype, gy_data, i * out_dim + j) * W(2, j, h);
         }
-        p_ref[i * hidden + h] = reference_activation(g, act) * u;
+        /* from here on the saved tensors, as the backward reads them (see
+         * test_chain_backward) */
+        const int64_t at = i * hidden + h;
+        check_close(t, what, element(dtype, gate, at), g, tolerance(dtype, dim));
+        check_close(t, what, element(dtype, up, at), u, tolerance(dtype, dim));
+        g = element(dtype, gate, at);
+        u = element(dtype, up, at);
+        check_close(t, what, element(dtype, product, at), reference_activation(g, act) * u,
+                    tolerance(dtype, 1));
+        p_ref[at] = element(dtype, product, at);
         grads[0][i * hidden + h] = gp * u * reference_activation_grad(g, act);
         grads[1][i * hidden + h] = gp * reference_activation(g, act);
       }
@@ -574,10 +614,11 @@ static void test_invalid_arguments(tally *t) {
 }
 
 /* test_kernels [f32]: with "f32", float only (the emulated aarch64 run, ~30x slower, where
- * double runs the portable C that the native run checks, and the fuzzer covers it). */
+ * double and bfloat16 run the portable C that the native run checks, and the fuzzer covers
+ * it). */
 int main(int argc, char **argv) {
   tally t = {0, 0};
-  const int last_dtype = argc > 1 && strcmp(argv[1], "f32") == 0 ? FMLP_F32 : FMLP_F64;
+  const int last_dtype = argc > 1 && strcmp(argv[1], "f32") == 0 ? FMLP_F32 : FMLP_BF16;
   /* The harness checks that FUSEDMLP_ISA took effect. */
   printf("isa %s\n", fmlp_cpu_isa_name(fmlp_cpu_isa_in_use()));
   const fmlp_threading serial = {NULL, NULL, 1};

@@ -1,6 +1,9 @@
-/* CPU kernels: C11, single precision (float) and double precision (double).
- * Callers convert other storage types (bfloat16) before calling. Which
- * (dtype, instruction set) kernels exist: fusedmlp/cpu_isas.def.
+/* CPU kernels: C11, on float, double and bfloat16 storage (FMLP_BF16: each
+ * value its 16 bits in a uint16_t). bfloat16 accumulates in float and rounds
+ * once to nearest even at each store, as PyTorch does: hidden layers, saved
+ * tensors and gradients are handed on rounded, as eager bfloat16 rounds them;
+ * bias gradients are summed in float. Which (dtype, instruction set) kernels
+ * exist: fusedmlp/cpu_isas.def.
  */
 #ifndef FUSEDMLP_CPU_H
 #define FUSEDMLP_CPU_H
@@ -72,7 +75,7 @@ typedef struct {
  * with act_l = hidden_activation for every layer but the last and
  * final_activation for the last. A single fused Linear is n_layers = 1. */
 typedef struct {
-  fmlp_dtype dtype; /* FMLP_F32 or FMLP_F64, shared by every pointer below */
+  fmlp_dtype dtype; /* FMLP_F32, FMLP_F64 or FMLP_BF16, shared by every pointer below */
   int64_t rows;
   int64_t n_layers;
   const int64_t *widths;     /* n_layers + 1 sizes: in, h_1, ..., out */
@@ -98,7 +101,7 @@ fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading
  * layer but the last (as fmlp_cpu_chain writes them). Each gradient pointer
  * may be NULL (not computed); what is computed is written, not accumulated. */
 typedef struct {
-  fmlp_dtype dtype; /* FMLP_F32 or FMLP_F64, shared by every pointer below */
+  fmlp_dtype dtype; /* FMLP_F32, FMLP_F64 or FMLP_BF16, shared by every pointer below */
   int64_t rows;
   int64_t n_layers;
   const int64_t *widths;     /* n_layers + 1 sizes, as in fmlp_cpu_chain_args */
@@ -119,7 +122,7 @@ fmlp_status fmlp_cpu_chain_backward(const fmlp_cpu_chain_backward_args *args,
 
 /* The gated block y = down(act(gate(x)) * up(x)). */
 typedef struct {
-  fmlp_dtype dtype; /* FMLP_F32 or FMLP_F64 */
+  fmlp_dtype dtype; /* FMLP_F32, FMLP_F64 or FMLP_BF16 */
   int64_t rows, dim, hidden, out_dim;
   fmlp_input x;      /* rows x dim */
   fmlp_input w_gate; /* hidden x dim */
@@ -140,7 +143,7 @@ fmlp_status fmlp_cpu_gated(const fmlp_cpu_gated_args *args, const fmlp_threading
  * up and product, each rows x hidden contiguous). Each gradient pointer may
  * be NULL (not computed); what is computed is written, not accumulated. */
 typedef struct {
-  fmlp_dtype dtype; /* FMLP_F32 or FMLP_F64 */
+  fmlp_dtype dtype; /* FMLP_F32, FMLP_F64 or FMLP_BF16 */
   int64_t rows, dim, hidden, out_dim;
   fmlp_input x, w_gate, w_up, w_down; /* as in fmlp_cpu_gated_args */
   fmlp_activation activation;

@@ -1,0 +1,15 @@
+/* The CPU kernels for bfloat16 storage on AVX2 + FMA: the float micro-kernels,
+ * converting while packing and loading, one rounding at each store
+ * (storage_bf16.h). This file alone is compiled with -mavx2 -mfma and only
+ * runs after CPUID says it may. */
+#define REAL float /* the accumulator */
+#define STORE fmlp_bf16 /* the storage: bfloat16's 16 bits */
+#define REAL_SUFFIX bf16_avx2
+#include "simd_avx2.h"
+#include "storage_bf16.h"
+#include "tile_avx2.h"
+#include "precision_kernels.h"
+#include "real_template.h"
+#include "microkernel_simd.h" /* the micro-kernel, packing and block loops' shape */
+#include "drivers.h"
+#include "backward.h"

@@ -1,0 +1,140 @@
+"""bfloat16 on the CPU is no less accurate than eager bfloat16: per op, per activation, for
+the output and every gradient, the fused result's error against a float64 computation on the
+same bfloat16 inputs is at most eager bfloat16's own error there (nn.functional on bfloat16
+tensors, oneDNN's kernels), with a margin for the two summing in different orders. Every
+instruction set the CPU has runs it (FUSEDMLP_ISA), so each bfloat16 kernel unit does: the
+few-row paths (weights read in place) and the packed ones (many rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import fusedmlp
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import FUNCTIONAL
+from torch import Tensor
+
+# 4: dot products; 24: the transposed kernel; 160: packed weights (the dpbf16 micro-kernels)
+ROWS = [4, 24, 160]
+# rounding the same values in another order moves a relative error by a few percent of itself
+MARGIN = 1.1
+
+
+def sample(*shape: int, generator: torch.Generator, scale: float = 1.0) -> Tensor:
+    return (torch.randn(*shape, generator=generator) * scale).bfloat16()
+
+
+def relative_error(actual: Tensor, reference: Tensor) -> float:
+    return ((actual.double() - reference).norm() / reference.norm().clamp_min(1e-30)).item()
+
+
+def outputs_and_gradients(
+    block: Callable[..., Tensor], inputs: list[Tensor], dtype: torch.dtype, grad_y: Tensor
+) -> list[Tensor]:
+    """block's output and the gradients of every input, from copies of inputs in dtype."""
+    leaves = [t.to(dtype).requires_grad_() for t in inputs]
+    y = block(*leaves)
+    y.backward(grad_y.to(dtype))
+    return [y.detach()] + [leaf.grad for leaf in leaves]
+
+
+def assert_no_worse_than_eager(
+    fused: Callable[..., Tensor],
+    eager: Callable[..., Tensor],
+    inputs: list[Tensor],
+    out_features: int,
+    generator: torch.Generator,
+) -> None:
+    grad_y = sample(inputs[0].shape[0], out_features, generator=generator)
+    reference = outputs_and_gradients(eager, inputs, torch.float64, grad_y)
+    ours = outputs_and_gradients(fused, inputs, torch.bfloat16, grad_y)
+    theirs = outputs_and_gradients(eager, inputs, torch.bfloat16, grad_y)
+    names = ["output"] + [f"grad of input {i}" for i in range(len(inputs))]
+    for name, mine, eager_bf16, exact in zip(names, ours, theirs, reference, strict=True):
+        assert mine.dtype == torch.bfloat16, name
+        error, eager_error = relative_error(mine, exact), relative_error(eager_bf16, exact)
+        assert error <= MARGIN * eager_error + 1e-6, (name, error, eager_error)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("activation", fusedmlp.ACTIVATIONS)
+def test_linear(isa, activation, rows, generator):
+    x = sample(rows, 96, generator=generator)
+    w = sample(160, 96, generator=generator, scale=96**-0.5)
+    b = sample(160, generator=generator)
+    act = FUNCTIONAL[activation]
+    assert_no_worse_than_eager(
+        lambda x, w, b: fusedmlp.linear(x, w, b, activation),
+        lambda x, w, b: act(F.linear(x, w, b)),
+        [x, w, b],
+        160,
+        generator,
+    )
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("activation", fusedmlp.ACTIVATIONS)
+def test_mlp(isa, activation, rows, generator):
+    sizes = [(96, 130), (130, 70), (70, 50)]
+    inputs = [sample(rows, 96, generator=generator)]
+    for fan_in, fan_out in sizes:
+        inputs += [sample(fan_out, fan_in, generator=generator, scale=fan_in**-0.5)]
+        inputs += [sample(fan_out, generator=generator)]
+    act = FUNCTIONAL[activation]
+
+    def eager(x: Tensor, *params: Tensor) -> Tensor:
+        for layer in range(3):
+            x = F.linear(x, params[2 * layer], params[2 * layer + 1])
+            x = act(x) if layer < 2 else x
+        return x
+
+    assert_no_worse_than_eager(
+        lambda x, *p: fusedmlp.mlp(x, p[0::2], p[1::2], activation), eager, inputs, 50, generator
+    )
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("activation", fusedmlp.ACTIVATIONS)
+def test_gated_mlp(isa, activation, rows, generator):
+    dim, hidden = 96, 200
+    inputs = [
+        sample(rows, dim, generator=generator),
+        sample(hidden, dim, generator=generator, scale=dim**-0.5),
+        sample(hidden, dim, generator=generator, scale=dim**-0.5),
+        sample(dim, hidden, generator=generator, scale=hidden**-0.5),
+        sample(hidden, generator=generator),
+        sample(hidden, generator=generator),
+        sample(dim, generator=generator),
+    ]
+    act = FUNCTIONAL[activation]
+
+    def eager(
+        x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, bg: Tensor, bu: Tensor, bd: Tensor
+    ) -> Tensor:
+        return F.linear(act(F.linear(x, wg, bg)) * F.linear(x, wu, bu), wd, bd)
+
+    def fused(
+        x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, bg: Tensor, bu: Tensor, bd: Tensor
+    ) -> Tensor:
+        return fusedmlp.gated_mlp(x, wg, wu, wd, activation, bg, bu, bd)
+
+    assert_no_worse_than_eager(fused, eager, inputs, dim, generator)
+
+
+@pytest.mark.parametrize("rows", [3, 24, 100])
+def test_one_rounding_at_the_store(isa, rows, generator):
+    """Inputs whose float sums are exact (small integers times 1/256), so the kernels' only
+    rounding is the store's: bitwise what PyTorch's float -> bfloat16 conversion gives (nearest,
+    ties to even), ties included; NaN stays NaN."""
+    x = torch.randint(-8, 9, (rows, 4), generator=generator).bfloat16()
+    w = (torch.randint(-255, 256, (96, 4), generator=generator) / 256).bfloat16()
+    b = (torch.randint(-255, 256, (96,), generator=generator) / 16).bfloat16()
+    x[rows // 2, 1] = float("nan")
+    y = fusedmlp.linear(x, w, b, "none")
+    expected = (x.float() @ w.float().T + b.float()).bfloat16()
+    assert torch.equal(y.isnan(), expected.isnan())
+    assert y.isnan()[rows // 2].all()
+    finite = ~expected.isnan()
+    assert torch.equal(y[finite].view(torch.int16), expected[finite].view(torch.int16))
