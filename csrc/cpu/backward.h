@@ -64,9 +64,13 @@ static fmlp_input FN(transposed)(fmlp_input m) {
 
 /* c[rows, n] (contiguous) = x[rows, k] @ w[n, k].T, as a one-layer chain
  * without bias or activation: the forward's packing, micro-kernels and
- * threads, over whatever strides x and w have. */
+ * threads, over whatever strides x and w have. The weight is packed into
+ * `pack` (packed_weight_elems(n, k) elements), one buffer for all of a
+ * backward's products: fresh scratch for each put the kernel's clearing of
+ * new pages at 7% of a 256-token gated backward's samples. */
 static fmlp_status FN(product)(fmlp_input x, int64_t rows, fmlp_input w, int64_t n, int64_t k,
-                               STORE *c, const fmlp_threading *threading) {
+                               STORE *c, REAL *pack, const fmlp_threading *threading) {
+  if (rows == 0) return FMLP_OK;
   const int64_t widths[2] = {k, n};
   const fmlp_cpu_chain_args args = {
       .rows = rows,
@@ -79,7 +83,24 @@ static fmlp_status FN(product)(fmlp_input x, int64_t rows, fmlp_input w, int64_t
       .y = c,
       .y_row_stride = n,
   };
-  return FN(fmlp_cpu_chain)(&args, threading);
+  FN(advise_output)(c, rows, n, n);
+  FN(packed_weight) packed;
+  const fmlp_status status = FN(pack_weight)(w, n, k, rows, threading, pack, &packed);
+  return status == FMLP_OK ? FN(run_chain)(&args, &packed, threading) : status;
+}
+
+/* *most = the larger of itself and packed_weight_elems(n, k); -1 once any
+ * of them overflows. */
+static void FN(room_for_pack)(int64_t *most, int64_t n, int64_t k) {
+  const int64_t elems = FN(packed_weight_elems)(n, k);
+  if (*most >= 0) *most = elems < 0 ? -1 : elems > *most ? elems : *most;
+}
+
+/* Scratch for the packed weights of the products room_for_pack counted. */
+static fmlp_status FN(alloc_pack)(int64_t elems, REAL **pack) {
+  if (elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
+  *pack = fmlp_alloc_scratch(elems, sizeof(REAL));
+  return *pack != NULL ? FMLP_OK : FMLP_ERR_OUT_OF_MEMORY;
 }
 
 /* One layer's grad_pre = grad * act'(pre) (pre NULL: grad_pre is grad
@@ -455,24 +476,27 @@ static fmlp_status FN(gated_backward_few_rows)(const fmlp_cpu_gated_block_backwa
 /* Per layer l, from the last: grad_pre = grad_h * act'(pre_l) with its
  * column sums (grad_bias), grad_W = grad_pre^T @ h_l, and grad_h for the
  * layer below = grad_pre @ W_l (grad_x below the first). The two products
- * read transposed views, which the packing routines copy a row at a time.
- * grad_h and grad_pre ping-pong through two rows x max-width scratch
- * matrices, grad_pre overwriting grad_h in place. */
+ * read transposed views, whose rows lie next to each other (packed K-major
+ * by plain copies). grad_h and grad_pre ping-pong through two rows x
+ * max-width scratch matrices, grad_pre overwriting grad_h in place. */
 fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
                                         const fmlp_threading *threading) {
 #if FMLP_TRANSPOSED_KERNELS
   if (FN(few_rows_backward_fits)(a)) return FN(chain_backward_few_rows)(a, threading);
 #endif
   const int64_t rows = a->rows;
-  int64_t max_width = 0;
-  for (int64_t l = 1; l <= a->n_layers; ++l) {
-    if (a->widths[l] > max_width) max_width = a->widths[l];
+  int64_t max_width = 0, pack_elems = 0;
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    if (a->widths[l + 1] > max_width) max_width = a->widths[l + 1];
+    FN(room_for_pack)(&pack_elems, a->widths[l], rows);              /* dW */
+    FN(room_for_pack)(&pack_elems, a->widths[l], a->widths[l + 1]); /* dX */
   }
+  REAL *pack = NULL;
+  fmlp_status status = FN(alloc_pack)(pack_elems, &pack);
   STORE *scratch = fmlp_alloc_matrices(2, rows, max_width, sizeof(STORE));
-  if (scratch == NULL) return FMLP_ERR_OUT_OF_MEMORY;
-  STORE *ping_pong[2] = {scratch, scratch + rows * max_width};
+  if (status == FMLP_OK && scratch == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
+  STORE *ping_pong[2] = {scratch, scratch != NULL ? scratch + rows * max_width : NULL};
   const STORE *grad = a->grad_y;
-  fmlp_status status = FMLP_OK;
   for (int64_t l = a->n_layers - 1, side = 0; l >= 0 && status == FMLP_OK; --l, side ^= 1) {
     const int64_t width = a->widths[l + 1], k = a->widths[l];
     const fmlp_activation activation =
@@ -487,16 +511,17 @@ fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
     const fmlp_input layer_input = l == 0 ? a->x : (fmlp_input){a->saved_hidden[l - 1], k, 1};
     if (status == FMLP_OK && a->grad_weights[l] != NULL) {
       status = FN(product)(FN(transposed)(grad_pre_rows), width, FN(transposed)(layer_input), k,
-                           rows, a->grad_weights[l], threading);
+                           rows, a->grad_weights[l], pack, threading);
     }
     STORE *grad_below = l > 0 ? ping_pong[side ^ 1] : a->grad_x;
     if (status == FMLP_OK && grad_below != NULL) {
       status = FN(product)(grad_pre_rows, rows, FN(transposed)(a->weights[l]), k, width,
-                           grad_below, threading);
+                           grad_below, pack, threading);
     }
     grad = grad_below;
   }
   free(scratch);
+  free(pack);
   return status;
 }
 
@@ -521,20 +546,31 @@ fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backwar
   if (FN(few_rows_gated_fits)(a)) return FN(gated_backward_few_rows)(a, threading);
 #endif
   const int64_t rows = a->rows, h = a->hidden;
-  STORE *grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
-  if (grad_gate == NULL) return FMLP_ERR_OUT_OF_MEMORY;
+  int64_t pack_elems = 0;
+  FN(room_for_pack)(&pack_elems, h, rows);         /* grad_W_down */
+  FN(room_for_pack)(&pack_elems, h, a->out_dim);   /* grad_product */
+  FN(room_for_pack)(&pack_elems, a->dim, rows);    /* grad_W_gate, grad_W_up */
+  FN(room_for_pack)(&pack_elems, a->dim, h);       /* grad_x */
+  REAL *pack = NULL;
+  fmlp_status status = FN(alloc_pack)(pack_elems, &pack);
+  STORE *grad_gate = status == FMLP_OK ? fmlp_alloc_matrices(2, rows, h, sizeof(STORE)) : NULL;
+  if (status == FMLP_OK && grad_gate == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
+  if (status != FMLP_OK) {
+    free(pack);
+    return status;
+  }
   STORE *grad_up = grad_gate + rows * h;
   const fmlp_input grad_y = {a->grad_y, a->out_dim, 1};
   const fmlp_input grad_gate_rows = {grad_gate, h, 1}, grad_up_rows = {grad_up, h, 1};
-  fmlp_status status = FN(column_sums)(a->grad_y, rows, a->out_dim, a->grad_bias_down, threading);
+  status = FN(column_sums)(a->grad_y, rows, a->out_dim, a->grad_bias_down, threading);
   if (status == FMLP_OK && a->grad_w_down != NULL) {
     const fmlp_input product = {a->saved_product, h, 1};
     status = FN(product)(FN(transposed)(grad_y), a->out_dim, FN(transposed)(product), h, rows,
-                         a->grad_w_down, threading);
+                         a->grad_w_down, pack, threading);
   }
   if (status == FMLP_OK) {
     status = FN(product)(grad_y, rows, FN(transposed)(a->w_down), h, a->out_dim, grad_gate,
-                         threading);
+                         pack, threading);
   }
   if (status == FMLP_OK) {
     const FN(pointwise_job) job = {rows * h, grad_gate, a->saved_gate, a->saved_up,
@@ -545,20 +581,20 @@ fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backwar
   if (status == FMLP_OK) status = FN(column_sums)(grad_up, rows, h, a->grad_bias_up, threading);
   if (status == FMLP_OK && a->grad_w_gate != NULL) {
     status = FN(product)(FN(transposed)(grad_gate_rows), h, FN(transposed)(a->x), a->dim, rows,
-                         a->grad_w_gate, threading);
+                         a->grad_w_gate, pack, threading);
   }
   if (status == FMLP_OK && a->grad_w_up != NULL) {
     status = FN(product)(FN(transposed)(grad_up_rows), h, FN(transposed)(a->x), a->dim, rows,
-                         a->grad_w_up, threading);
+                         a->grad_w_up, pack, threading);
   }
   if (status == FMLP_OK && a->grad_x != NULL) {
     status = FN(product)(grad_gate_rows, rows, FN(transposed)(a->w_gate), a->dim, h, a->grad_x,
-                         threading);
+                         pack, threading);
     STORE *from_up = status == FMLP_OK ? fmlp_alloc_matrices(1, rows, a->dim, sizeof(STORE)) : NULL;
     if (status == FMLP_OK && from_up == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
     if (status == FMLP_OK) {
       status = FN(product)(grad_up_rows, rows, FN(transposed)(a->w_up), a->dim, h, from_up,
-                           threading);
+                           pack, threading);
     }
     if (status == FMLP_OK) {
       STORE *grad_x = a->grad_x;
@@ -569,5 +605,6 @@ fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backwar
     free(from_up);
   }
   free(grad_gate);
+  free(pack);
   return status;
 }

@@ -388,6 +388,31 @@ static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
                         input_pack);
 }
 
+/* A chain's row blocks, its weights packed (or read in place) in packed[l]. */
+static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_weight) *packed,
+                                 const fmlp_threading *threading) {
+  int64_t weight_elems = 0, max_hidden = 0, max_k = 0, row_elems = a->widths[0];
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    weight_elems += a->widths[l + 1] * a->widths[l];
+    row_elems += a->widths[l + 1];
+    if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
+    if (a->widths[l] > max_k) max_k = a->widths[l];
+  }
+  FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 2, .scratch_cols = max_hidden,
+                           .run_block = FN(chain_block)};
+  FN(partition_rows)(&blocks, weight_elems, a->n_layers > 1 ? row_elems : 0, threading);
+  /* room for a few rows' hidden outputs in lanes layout, NR wide */
+  if (blocks.scratch_rows < GEMM_NR) blocks.scratch_rows = GEMM_NR;
+  FN(chain_job) job = {.args = a, .packed = packed, .scratch_rows = blocks.scratch_rows,
+                       .max_hidden = max_hidden};
+  blocks.input_pack_elems = FN(input_pack_elems)(blocks.block_rows, max_k);
+  blocks.op = &job;
+  fmlp_status status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+  if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
+  free(job.split.packs);
+  return status;
+}
+
 fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threading *threading) {
   if (a->rows == 0) return FMLP_OK;
   FN(advise_output)(a->y, a->rows, a->widths[a->n_layers], a->y_row_stride);
@@ -402,29 +427,11 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
   FN(packed_weight) *packed = calloc((size_t)a->n_layers, sizeof(*packed));
   if (packed == NULL) return FMLP_ERR_OUT_OF_MEMORY;
   fmlp_status status = FMLP_OK;
-  int64_t weight_elems = 0, max_hidden = 0, max_k = 0, row_elems = a->widths[0];
   for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
     status = FN(pack_weight)(a->weights[l], a->widths[l + 1], a->widths[l], a->rows, threading,
-                             &packed[l]);
-    weight_elems += a->widths[l + 1] * a->widths[l];
-    row_elems += a->widths[l + 1];
-    if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
-    if (a->widths[l] > max_k) max_k = a->widths[l];
+                             NULL, &packed[l]);
   }
-  if (status == FMLP_OK) {
-    FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 2, .scratch_cols = max_hidden,
-                             .run_block = FN(chain_block)};
-    FN(partition_rows)(&blocks, weight_elems, a->n_layers > 1 ? row_elems : 0, threading);
-    /* room for a few rows' hidden outputs in lanes layout, NR wide */
-    if (blocks.scratch_rows < GEMM_NR) blocks.scratch_rows = GEMM_NR;
-    FN(chain_job) job = {.args = a, .packed = packed, .scratch_rows = blocks.scratch_rows,
-                         .max_hidden = max_hidden};
-    blocks.input_pack_elems = FN(input_pack_elems)(blocks.block_rows, max_k);
-    blocks.op = &job;
-    status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
-    if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
-    free(job.split.packs);
-  }
+  if (status == FMLP_OK) status = FN(run_chain)(a, packed, threading);
   FN(free_packed)(packed, a->n_layers);
   free(packed);
   return status;
@@ -527,12 +534,13 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   FN(advise_output)(a->saved_product, a->rows, a->hidden, a->hidden);
   FN(gated_job) job = {.args = a};
   fmlp_status status =
-      FN(pack_weight)(a->w_gate, a->hidden, a->dim, a->rows, threading, &job.gate);
+      FN(pack_weight)(a->w_gate, a->hidden, a->dim, a->rows, threading, NULL, &job.gate);
   if (status == FMLP_OK) {
-    status = FN(pack_weight)(a->w_up, a->hidden, a->dim, a->rows, threading, &job.up);
+    status = FN(pack_weight)(a->w_up, a->hidden, a->dim, a->rows, threading, NULL, &job.up);
   }
   if (status == FMLP_OK) {
-    status = FN(pack_weight)(a->w_down, a->out_dim, a->hidden, a->rows, threading, &job.down);
+    status = FN(pack_weight)(a->w_down, a->out_dim, a->hidden, a->rows, threading, NULL,
+                             &job.down);
   }
   const int64_t weight_elems = a->hidden * (2 * a->dim + a->out_dim);
   if (status == FMLP_OK) {

@@ -92,17 +92,29 @@ static int FN(weight_stays_unpacked)(fmlp_input w, int64_t rows) {
   return rows <= GEMM_UNPACKED_MAX_ROWS && w.col_stride == 1;
 }
 
+/* Elements a weight of n rows over K = k takes packed; -1 on overflow. */
+static int64_t FN(packed_weight_elems)(int64_t n, int64_t k) {
+  int64_t count;
+  if (!fmlp_checked_mul((n + GEMM_NR - 1) / GEMM_NR, k, &count) ||
+      !fmlp_checked_mul(count, GEMM_NR, &count)) {
+    return -1;
+  }
+  return count;
+}
+
+/* w packed into `buffer` (packed_weight_elems(n, k) elements, the caller's)
+ * or, buffer NULL, into scratch allocated here (free_packed frees it);
+ * packed->data stays NULL for a weight read in place. */
 static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t rows,
-                                   const fmlp_threading *threading, FN(packed_weight) *packed) {
+                                   const fmlp_threading *threading, REAL *buffer,
+                                   FN(packed_weight) *packed) {
   *packed = (FN(packed_weight)){.data = NULL, .source = w, .n = n, .k = k};
   if (FN(weight_stays_unpacked)(w, rows) || n == 0 || k == 0) return FMLP_OK;
-  const int64_t n_panels = (n + GEMM_NR - 1) / GEMM_NR;
-  int64_t count;
-  if (!fmlp_checked_mul(n_panels, k, &count) || !fmlp_checked_mul(count, GEMM_NR, &count)) {
-    return FMLP_ERR_SIZE_OVERFLOW;
-  }
-  packed->data = fmlp_alloc_scratch(count, sizeof(REAL));
+  const int64_t count = FN(packed_weight_elems)(n, k);
+  if (count < 0) return FMLP_ERR_SIZE_OVERFLOW;
+  packed->data = buffer != NULL ? buffer : fmlp_alloc_scratch(count, sizeof(REAL));
   if (packed->data == NULL) return FMLP_ERR_OUT_OF_MEMORY;
+  const int64_t n_panels = (n + GEMM_NR - 1) / GEMM_NR;
   FN(run_tasks)(FN(threading_for)(threading, count, PARALLEL_MIN_ELEMENTS),
                 (n_panels + PACK_PANELS_PER_TASK - 1) / PACK_PANELS_PER_TASK, packed,
                 FN(pack_weight_panels));
