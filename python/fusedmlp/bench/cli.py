@@ -48,6 +48,7 @@ from fusedmlp.bench.report import VARIANTS, CaseResult, format_table, write_json
 from fusedmlp.registry import DEVICE_DTYPES
 from fusedmlp.tools.memory import forward_memory, measure_call
 from fusedmlp.tools.plotting import require_matplotlib
+from fusedmlp.tools.quiet_profiler import quiet_kineto
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -208,6 +209,7 @@ def machine_description(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     require_matplotlib("python -m fusedmlp.bench")
+    quiet_kineto()  # the memory columns run torch.profiler
     # Inductor's pool of compile worker processes would keep cores busy while we time.
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -51,6 +51,7 @@ from fusedmlp.profile.report import (
 from fusedmlp.profile.timeline import write_timeline
 from fusedmlp.tools.memory import ForwardMemory, measure_call, saved_for_backward
 from fusedmlp.tools.plotting import require_matplotlib
+from fusedmlp.tools.quiet_profiler import quiet_kineto
 
 DTYPES = {
     "float32": torch.float32,
@@ -293,6 +294,7 @@ def warn_if_overloaded(env: dict[str, str | int | float | None]) -> None:
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     require_matplotlib("python -m fusedmlp.profile")
+    quiet_kineto()
     settings.out.mkdir(parents=True, exist_ok=True)
     # Each variant runs its forwards under inference_mode, but the weights are made outside it:
     # the memory a forward saves for backward needs weights that autograd can use.
