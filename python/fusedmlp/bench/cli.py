@@ -107,14 +107,16 @@ COMPILE_MAX = "compile-max"
 
 def compiling(variant: str) -> contextlib.AbstractContextManager:
     """What compile-max compiles under: Inductor freezing (weights as constants, which its CPU
-    GEMM template needs), patched only around its own calls that compile. torch.compile
+    GEMM template needs), patched only around its own calls that compile, and no autotuning
+    tables printed into the progress lines (TORCH_LOGS still shows them). torch.compile
     compiles lazily, so this wraps compile-max's warm-up and memory forwards, not torch.compile;
     the other variants compile with Inductor's defaults."""
     if variant != COMPILE_MAX:
         return contextlib.nullcontext()
     import torch._inductor.config as inductor_config
 
-    return inductor_config.patch(freezing=True)
+    return inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                 max_autotune_report_choices_stats=False)
 
 
 def variant_modules(case: Case, sizes: tuple[int, ...], device: str, dtype: torch.dtype,
