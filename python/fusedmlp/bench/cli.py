@@ -146,6 +146,11 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
     rows, sizes = case.shape(args.quick)
     dtype = DTYPES[args.dtype]
     x = make_input(rows, sizes, args.device, dtype)
+    # Each case compiles afresh, as a user's model would: cases share forward code
+    # (nn.Sequential's, GatedBlock's), whose compiled entries would otherwise pile up until
+    # Dynamo's recompile limit (8) silently runs the later cases eagerly, or serve a later
+    # case a graph made dynamic in the shapes of earlier ones.
+    torch._dynamo.reset()
     modules = variant_modules(case, sizes, args.device, dtype, args)
     calls = variant_calls(case, modules, x)
     result = CaseResult(case.name, case.description, rows, list(sizes),
