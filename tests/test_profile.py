@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from fusedmlp.profile import main
-from fusedmlp.profile.measure import check_output
+from fusedmlp.profile.measure import check_output, time_forwards
 from fusedmlp.profile.reading import kernels_phrase, ops_phrase, time_phrase
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,6 +200,16 @@ def test_output_check_allows_rounding_but_not_a_missing_bias(dtype: torch.dtype)
     without_bias = (exact - 0.5).to(dtype)
     assert check_output(rounded_differently, expected).matches_eager
     assert not check_output(without_bias, expected).matches_eager
+
+
+def test_variants_take_turns_when_timed() -> None:
+    # timed one after another, load drifting on a shared machine would bias the later ones
+    calls: list[str] = []
+    models = {name: (lambda x, name=name: calls.append(name)) for name in ("a", "b", "c")}
+    walls = time_forwards(models, torch.ones(1), 4, torch.device("cpu"))
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert set(walls) == {"a", "b", "c"}
+    assert all(0 <= wall.min_ms <= wall.median_ms <= wall.max_ms for wall in walls.values())
 
 
 def test_reading_words_time_changes() -> None:

@@ -41,6 +41,8 @@ CASES: list[Case] = [
          8192, (768, 3072), "gelu_tanh", 8, (16, 24), final_activation=True, gemm_bound=True),
     Case("study_gated", "study: GeGLU block, 64x128 tokens, 768 -> 3072 -> 768", "gated",
          8192, (768, 3072), "gelu_tanh", 8, (16, 24), gemm_bound=True),
+    Case("study_mlp", "study: 3-layer GELU MLP, 2048 tokens, 768 -> 3072 -> 3072 -> 768", "chain",
+         2048, (768, 3072, 3072, 768), "gelu", 8, (16, 24, 24, 16), gemm_bound=True),
     Case("gated_1024", "GeGLU block, 1024 tokens, 768 -> 3072 -> 768", "gated",
          1024, (768, 3072), "gelu_tanh", 4, (8, 40), gemm_bound=True),
     Case("large_gemm", "large GEMM: Linear+GELU 4096 x 1024 -> 4096", "chain",

@@ -1,20 +1,26 @@
 """Speed sweep: eager PyTorch, torch.compile and fusedmlp on the same shapes, in one run.
 
     python -m fusedmlp.bench [--device cpu|cuda] [--dtype float32] [--quick] [--out DIR]
-                             [--cases a,b] [--no-compile] [--min-run-time S] [--threads N]
+                             [--cases a,b] [--no-compile] [--no-compile-max]
+                             [--min-run-time S] [--threads N]
 
-Times every case with torch.utils.benchmark (warm-up, CUDA sync, medians; the three variants
-take turns in rounds so that drifting machine load biases none of them), prints a table of
-medians and of fused/eager and fused/compile time ratios, and each variant's memory above its
-inputs and weights (the peak of one inference forward, and what a forward with autograd saves
-for backward), and writes bench.json and bench.png into --out. GEMM-bound cases also report
-GFLOP/s as a fraction of this machine's peak, measured at the start by a small C FMA loop
-(peak.py) on as many threads as torch uses.
+Variants: eager, torch.compile (default mode), compile-max (inference cases only:
+torch.compile with mode="max-autotune" and Inductor freezing, which lets Inductor treat the
+weights as constants and, on the CPU, pick its C++ GEMM template with fused epilogues; its
+compiles take minutes) and fused. Times every case with torch.utils.benchmark (warm-up, CUDA
+sync, medians; the variants take turns in rounds so that drifting machine load biases none of
+them), prints a table of medians and of fused's time over each other variant's, and each
+variant's memory above its inputs and weights (the peak of one inference forward, and what a
+forward with autograd saves for backward), and writes bench.json and bench.png into --out.
+GEMM-bound cases also report GFLOP/s as a fraction of this machine's peak for the dtype,
+measured at the start by a small C loop (peak.py: fp32 FMA, or for bfloat16 the AVX512-BF16
+dot product where the CPU has it) on as many threads as torch uses.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -37,11 +43,12 @@ from fusedmlp.bench.cases import (
     make_input,
     training_call,
 )
-from fusedmlp.bench.peak import measure_peak_gflops
-from fusedmlp.bench.report import CaseResult, format_table, write_json, write_plot
+from fusedmlp.bench.peak import measure_peak_gflops, peak_loop
+from fusedmlp.bench.report import VARIANTS, CaseResult, format_table, write_json, write_plot
 from fusedmlp.registry import DEVICE_DTYPES
-from fusedmlp.tools.memory import forward_memory
+from fusedmlp.tools.memory import forward_memory, measure_call
 from fusedmlp.tools.plotting import require_matplotlib
+from fusedmlp.tools.quiet_profiler import quiet_kineto
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -58,7 +65,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="folder for bench.json and bench.png")
     parser.add_argument("--cases", default=None,
                         help="comma-separated subset of: " + ", ".join(c.name for c in CASES))
-    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip both torch.compile variants (compile, compile-max)")
+    parser.add_argument("--no-compile-max", action="store_true",
+                        help="skip compile-max (max-autotune + freezing), whose compiles are slow")
     parser.add_argument("--min-run-time", type=float, default=None,
                         help="seconds of timing per measurement (default 1, --quick 0.05)")
     parser.add_argument("--threads", type=int, default=None,
@@ -92,12 +102,31 @@ def timed_runs(fn: Callable[[], object], min_run_time: float) -> list[float]:
     return list(timer.blocked_autorange(min_run_time=min_run_time).times)
 
 
+COMPILE_MAX = "compile-max"
+
+
+def compiling(variant: str) -> contextlib.AbstractContextManager:
+    """What compile-max compiles under: Inductor freezing (weights as constants, which its CPU
+    GEMM template needs), patched only around its own calls that compile, and no autotuning
+    tables printed into the progress lines (TORCH_LOGS still shows them). torch.compile
+    compiles lazily, so this wraps compile-max's warm-up and memory forwards, not torch.compile;
+    the other variants compile with Inductor's defaults."""
+    if variant != COMPILE_MAX:
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                 max_autotune_report_choices_stats=False)
+
+
 def variant_modules(case: Case, sizes: tuple[int, ...], device: str, dtype: torch.dtype,
-                    with_compile: bool) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+                    args: argparse.Namespace) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     eager, fused = build_modules(case, sizes, device, dtype)
     modules = {"eager": eager, "fused": fused}
-    if with_compile:
+    if not args.no_compile:
         modules["compile"] = torch.compile(eager)
+        if not (args.no_compile_max or case.train):
+            modules[COMPILE_MAX] = torch.compile(eager, mode="max-autotune")
     return modules
 
 
@@ -117,19 +146,26 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
     rows, sizes = case.shape(args.quick)
     dtype = DTYPES[args.dtype]
     x = make_input(rows, sizes, args.device, dtype)
-    modules = variant_modules(case, sizes, args.device, dtype, not args.no_compile)
+    # Each case compiles afresh, as a user's model would: cases share forward code
+    # (nn.Sequential's, GatedBlock's), whose compiled entries would otherwise pile up until
+    # Dynamo's recompile limit (8) silently runs the later cases eagerly, or serve a later
+    # case a graph made dynamic in the shapes of earlier ones.
+    torch._dynamo.reset()
+    modules = variant_modules(case, sizes, args.device, dtype, args)
     calls = variant_calls(case, modules, x)
     result = CaseResult(case.name, case.description, rows, list(sizes),
-                        forward_flops(case, rows, sizes), case.gemm_bound)
+                        forward_flops(case, rows, sizes), case.gemm_bound, case.train)
     min_run_time = args.min_run_time or (0.05 if args.quick else 1.0)
-    variants = [v for v in ("eager", "compile", "fused") if v in calls]
+    variants = [v for v in VARIANTS if v in calls]
     runs: dict[str, list[float]] = {v: [] for v in variants}
     for variant in variants:
         started = time.perf_counter()
         print(f"[{index}/{total}] {case.name}: {variant} warm-up ...", end="", file=sys.stderr,
               flush=True)
-        warm_up(calls[variant])
-        print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        with compiling(variant):
+            warm_up(calls[variant])
+        result.warmup_s[variant] = time.perf_counter() - started
+        print(f" {result.warmup_s[variant]:.1f} s", file=sys.stderr, flush=True)
     for round_index in range(ROUNDS):
         for variant in variants:
             runs[variant] += timed_runs(calls[variant], min_run_time / ROUNDS)
@@ -137,10 +173,16 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
         print(f"[{index}/{total}] {case.name}: round {round_index + 1}/{ROUNDS}: {medians}",
               file=sys.stderr, flush=True)
     result.median_s = {v: statistics.median(runs[v]) for v in variants}
+    device = torch.device(args.device)
     for variant in variants:
-        memory = forward_memory(
-            modules[variant], x, torch.device(args.device), compiled=variant == "compile"
-        )
+        if variant == COMPILE_MAX:
+            # Compiled for inference only, so nothing saved for backward; measured through its
+            # timed call (no_grad), since inference_mode would compile it again.
+            with compiling(variant):
+                _, memory = measure_call(calls[variant], device)
+            result.memory[variant] = {"inference_peak_bytes": memory.peak_bytes}
+            continue
+        memory = forward_memory(modules[variant], x, device, compiled=variant == "compile")
         result.memory[variant] = asdict(memory)
     return result
 
@@ -157,19 +199,24 @@ def machine_description(args: argparse.Namespace) -> dict:
         "cpu_isa": isa,
         "threads": threads,
         "peak_gflops": None,
+        "peak_kind": None,  # what peak_gflops times: "fp32 FMA" or "bf16 dot product"
     }
     if args.device == "cuda":
         description["gpu"] = torch.cuda.get_device_name()
-    elif args.dtype == "float32":
-        print(f"measuring the fp32 FMA peak ({isa}, {threads} threads) ...", file=sys.stderr,
+        return description
+    loop = peak_loop(DTYPES[args.dtype], isa)
+    if loop is not None:
+        print(f"measuring the {loop.kind} peak ({threads} threads) ...", file=sys.stderr,
               flush=True)
-        description["peak_gflops"] = measure_peak_gflops(isa, threads)
+        description["peak_gflops"] = measure_peak_gflops(loop, threads)
+        description["peak_kind"] = loop.kind if description["peak_gflops"] else None
     return description
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     require_matplotlib("python -m fusedmlp.bench")
+    quiet_kineto()  # the memory columns run torch.profiler
     # Inductor's pool of compile worker processes would keep cores busy while we time.
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -180,17 +227,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cases = select_cases(args.cases)
+    started = time.perf_counter()
     machine = machine_description(args)
     results = [run_case(case, args, i + 1, len(cases)) for i, case in enumerate(cases)]
+    print(f"bench took {time.perf_counter() - started:.0f} s", file=sys.stderr)
     peak = machine["peak_gflops"]
     print()
     print(f"fusedmlp bench: {args.device} {args.dtype}, ISA {machine['cpu_isa']}, "
-          f"{machine['threads']} threads, torch {machine['torch']}, measured fp32 peak "
-          + (f"{peak:.1f} GFLOP/s" if peak else "n/a"))
+          f"{machine['threads']} threads, torch {machine['torch']}, measured "
+          + (f"{machine['peak_kind']} peak {peak:.1f} GFLOP/s" if peak else "peak n/a"))
     print(format_table(results, peak))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "bench.json", machine, results)
-    title = f"fusedmlp vs eager / torch.compile ({args.device}, {args.dtype})"
+    title = f"fusedmlp vs eager / torch.compile / compile-max ({args.device}, {args.dtype})"
     write_plot(args.out / "bench.png", results, title)
     print(f"\nwrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
     return 0

@@ -1,6 +1,9 @@
-"""The machine's peak fp32 FMA throughput, measured: a tiny C loop of independent FMA chains
-(the physical limit for a CPU GEMM), compiled at bench time with the flags of the instruction
-set the kernels use (from the kernel registry) and run on as many threads as torch uses."""
+"""The machine's peak throughput for the benchmarked dtype, measured: a tiny C loop of
+independent multiply-add chains (the physical limit for a CPU GEMM), compiled at bench time and
+run on as many threads as torch uses. float32 times fp32 FMAs with the flags of the instruction
+set the kernels use (from the kernel registry); bfloat16 times the AVX512-BF16 dot product
+(vdpbf16ps: 16 lanes x 2 products x 2 flops) on CPUs that have it, else fp32 FMAs, which bf16
+kernels then run on."""
 
 from __future__ import annotations
 
@@ -8,6 +11,9 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
+
+import torch
 
 from fusedmlp.registry import cpu_isas
 
@@ -17,26 +23,35 @@ PEAK_SOURCE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#ifdef __AVX512F__
+#if defined(PEAK_BF16)
 typedef __m512 vec;
-#define LANES 16
+#define FLOPS_PER_STEP 64 /* 16 lanes x 2 bf16 products x 2 flops */
 #define SET1 _mm512_set1_ps
-#define FMA _mm512_fmadd_ps
+#define BF16X32(bits) ((__m512bh)_mm512_set1_epi16(bits))
+#define OPERANDS __m512bh b = BF16X32(0x3f80), c = BF16X32(0x3380) /* 1.0, 2^-24 */
+#define STEP(a) _mm512_dpbf16_ps(a, b, c)
+#elif defined(__AVX512F__)
+typedef __m512 vec;
+#define FLOPS_PER_STEP 32
+#define SET1 _mm512_set1_ps
+#define OPERANDS vec b = SET1(1.0000001f), c = SET1(1e-7f)
+#define STEP(a) _mm512_fmadd_ps(a, b, c)
 #else
 typedef __m256 vec;
-#define LANES 8
+#define FLOPS_PER_STEP 16
 #define SET1 _mm256_set1_ps
-#define FMA _mm256_fmadd_ps
+#define OPERANDS vec b = SET1(1.0000001f), c = SET1(1e-7f)
+#define STEP(a) _mm256_fmadd_ps(a, b, c)
 #endif
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
-/* Twelve independent chains cover the FMA latency on two pipes. */
+/* Twelve independent chains cover the latency on two pipes. */
 static void *run(void *result) {
   const long iters = 20000000;
-  vec b = SET1(1.0000001f), c = SET1(1e-7f);
+  OPERANDS;
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     vec a0 = SET1(0), a1 = SET1(1), a2 = SET1(2), a3 = SET1(3), a4 = SET1(4), a5 = SET1(5);
@@ -44,14 +59,14 @@ static void *run(void *result) {
     double t0 = now();
     for (long n = 0; n < iters; ++n) {
       __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3));
-      a0 = FMA(a0, b, c); a1 = FMA(a1, b, c); a2 = FMA(a2, b, c); a3 = FMA(a3, b, c);
-      a4 = FMA(a4, b, c); a5 = FMA(a5, b, c); a6 = FMA(a6, b, c); a7 = FMA(a7, b, c);
-      a8 = FMA(a8, b, c); a9 = FMA(a9, b, c); a10 = FMA(a10, b, c); a11 = FMA(a11, b, c);
+      a0 = STEP(a0); a1 = STEP(a1); a2 = STEP(a2); a3 = STEP(a3);
+      a4 = STEP(a4); a5 = STEP(a5); a6 = STEP(a6); a7 = STEP(a7);
+      a8 = STEP(a8); a9 = STEP(a9); a10 = STEP(a10); a11 = STEP(a11);
     }
-    double gflops = iters * 12.0 * LANES * 2 / (now() - t0) / 1e9;
+    double gflops = iters * 12.0 * FLOPS_PER_STEP / (now() - t0) / 1e9;
     if (gflops > best) best = gflops;
     vec sum = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
-    float lanes[LANES];
+    float lanes[sizeof(vec) / sizeof(float)];
     __builtin_memcpy(lanes, &sum, sizeof lanes);
     if (lanes[0] == 1.25f) best += 1e-9; /* keeps the chains alive */
   }
@@ -74,18 +89,61 @@ int main(int argc, char **argv) {
 }
 """
 
+BF16_ISA = "avx512_bf16"  # the registry's name for the AVX512-BF16 level, once it has one
+BF16_FLAG = "-mavx512bf16"
+BF16_KIND, BF16_DEFINES = "bf16 dot product", ("-DPEAK_BF16",)
 
-def measure_peak_gflops(isa: str, threads: int) -> float | None:
-    """Peak fp32 GFLOP/s on `threads` threads with the ISA's vectors; None where it cannot
-    be measured (no C compiler, an ISA built without flags: portable, vector, neon)."""
+
+class PeakLoop(NamedTuple):
+    kind: str  # what the loop times, as the bench prints it
+    compile_flags: tuple[str, ...]
+    defines: tuple[str, ...] = ()  # which loop of PEAK_SOURCE
+
+
+def _isa_flags() -> dict[str, tuple[str, ...]]:
+    return {entry.name: entry.compile_flags for entry in cpu_isas()}
+
+
+def fma_loop(isa: str) -> PeakLoop | None:
+    """fp32 FMAs with the vectors of `isa`; None for an ISA built without flags (portable,
+    vector, neon), which has no x86 FMA loop to time."""
+    flags = _isa_flags().get(isa)
+    return PeakLoop("fp32 FMA", flags) if flags else None
+
+
+def bf16_loop() -> PeakLoop | None:
+    """The AVX512-BF16 dot product, where this CPU has it: built with the registry's flags for
+    its avx512_bf16 level when the registry has one, else with the avx512 level's plus
+    -mavx512bf16 (and then keyed on the CPU feature)."""
+    entries = {entry.name: entry for entry in cpu_isas()}
+    if BF16_ISA in entries:
+        entry = entries[BF16_ISA]
+        return PeakLoop(BF16_KIND, entry.compile_flags, BF16_DEFINES) if entry.supported else None
+    avx512 = entries.get("avx512")
+    if avx512 is None or not torch.cpu._is_avx512_bf16_supported():
+        return None
+    return PeakLoop(BF16_KIND, (*avx512.compile_flags, BF16_FLAG), BF16_DEFINES)
+
+
+def peak_loop(dtype: torch.dtype, isa: str) -> PeakLoop | None:
+    """The loop whose throughput bounds `dtype`'s GEMMs on this CPU running `isa`'s kernels,
+    or None where none is measured (float64, float16, ISAs without an FMA loop)."""
+    if dtype == torch.bfloat16:
+        return bf16_loop() or fma_loop(isa)
+    return fma_loop(isa) if dtype == torch.float32 else None
+
+
+def measure_peak_gflops(loop: PeakLoop, threads: int) -> float | None:
+    """GFLOP/s of `loop` summed over `threads` threads; None where it cannot be measured
+    (no C compiler, a compiler without the loop's flags)."""
     compiler = shutil.which("gcc") or shutil.which("cc")
-    flags = {entry.name: entry.compile_flags for entry in cpu_isas()}.get(isa)
-    if compiler is None or not flags:
+    if compiler is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "peak.c", Path(tmp) / "peak"
         source.write_text(PEAK_SOURCE)
-        build = [compiler, "-O2", *flags, str(source), "-o", str(binary), "-lpthread"]
+        build = [compiler, "-O2", *loop.compile_flags, *loop.defines, str(source),
+                 "-o", str(binary), "-lpthread"]
         if subprocess.run(build, capture_output=True).returncode != 0:
             return None
         result = subprocess.run([str(binary), str(threads)], capture_output=True, text=True)

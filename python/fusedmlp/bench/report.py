@@ -9,7 +9,10 @@ from pathlib import Path
 from fusedmlp.tools.memory import format_mib
 from fusedmlp.tools.plotting import pyplot
 
-VARIANTS = ("eager", "compile", "fused")
+VARIANTS = ("eager", "compile", "compile-max", "fused")
+COMPARED = ("eager", "compile", "compile-max")  # what fused's time is divided by
+INITIALS = {"eager": "e", "compile": "c", "compile-max": "m", "fused": "f"}
+NOT_APPLICABLE = "\u2014"  # compile-max on a training case: it compiles inference only
 
 
 @dataclass
@@ -20,9 +23,12 @@ class CaseResult:
     sizes: list[int]
     flops: int
     gemm_bound: bool
+    train: bool = False
     median_s: dict[str, float] = field(default_factory=dict)  # per variant
-    # per variant: inference_peak_bytes, saved_for_backward_bytes (tools/memory.py)
+    # per variant: inference_peak_bytes, saved_for_backward_bytes (tools/memory.py); compile-max
+    # compiles inference only and has no saved_for_backward_bytes
     memory: dict[str, dict[str, int]] = field(default_factory=dict)
+    warmup_s: dict[str, float] = field(default_factory=dict)  # per variant, compiling included
 
     def ratio(self, variant: str) -> float | None:
         """fused time / variant time: below 1 means fused is faster."""
@@ -36,8 +42,8 @@ class CaseResult:
 
     def to_json(self, peak_gflops: float | None) -> dict:
         record = asdict(self)
-        record["ratio_vs_eager"] = self.ratio("eager")
-        record["ratio_vs_compile"] = self.ratio("compile")
+        for variant in COMPARED:
+            record[f"ratio_vs_{variant.replace('-', '_')}"] = self.ratio(variant)
         record["gflops"] = {v: self.gflops(v) for v in self.median_s}
         fused = self.gflops("fused")
         record["fused_peak_fraction"] = (
@@ -46,39 +52,55 @@ class CaseResult:
         return record
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
-
-
 def _number(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def _mib_per_variant(result: CaseResult, key: str) -> str:
-    """The variants' MiB in VARIANTS order, joined by "/" (e.g. eager/compile/fused)."""
-    values = [result.memory[v][key] for v in VARIANTS if v in result.memory]
-    return "/".join(format_mib(value) for value in values) or "-"
+def _runs(result: CaseResult, variant: str) -> bool:
+    """Whether the variant is meant to run on this case (compile-max: inference only)."""
+    return not (variant == "compile-max" and result.train)
+
+
+def _cell(result: CaseResult, variant: str, value: float | None, pattern: str) -> str:
+    return _number(value, pattern) if _runs(result, variant) else NOT_APPLICABLE
+
+
+def _memory_variants(results: list[CaseResult], key: str) -> list[str]:
+    return [v for v in VARIANTS if any(key in r.memory.get(v, {}) for r in results)]
+
+
+def _mib_per_variant(result: CaseResult, key: str, variants: list[str]) -> str:
+    """The variants' MiB joined by "/" (e.g. eager/compile/compile-max/fused)."""
+    cells = []
+    for variant in variants:
+        nbytes = result.memory.get(variant, {}).get(key)
+        cells.append(NOT_APPLICABLE if not _runs(result, variant)
+                     else "-" if nbytes is None else format_mib(nbytes))
+    return "/".join(cells) or "-"
 
 
 def format_table(results: list[CaseResult], peak_gflops: float | None) -> str:
-    variants = "/".join(v[0] for v in VARIANTS if any(v in r.memory for r in results))
-    header = ["case", "eager ms", "compile ms", "fused ms", "fused/eager", "fused/compile",
-              "fused GFLOP/s", "% peak", f"peak fwd MiB {variants}", f"saved bwd MiB {variants}"]
+    timed = [v for v in VARIANTS if any(v in r.median_s for r in results)]
+    memory = {key: _memory_variants(results, key)
+              for key in ("inference_peak_bytes", "saved_for_backward_bytes")}
+    initials = {key: "/".join(INITIALS[v] for v in variants) for key, variants in memory.items()}
+    header = ["case", *(f"{v} ms" for v in timed),
+              *(f"fused/{v}" for v in COMPARED if v in timed),
+              "fused GFLOP/s", "% peak", f"peak fwd MiB {initials['inference_peak_bytes']}",
+              f"saved bwd MiB {initials['saved_for_backward_bytes']}"]
     rows = [header]
     for r in results:
         fused = r.gflops("fused")
         peak = fused / peak_gflops * 100 if r.gemm_bound and peak_gflops and fused else None
         rows.append([
             r.name,
-            _ms(r.median_s.get("eager")),
-            _ms(r.median_s.get("compile")),
-            _ms(r.median_s.get("fused")),
-            _number(r.ratio("eager"), "{:.2f}x"),
-            _number(r.ratio("compile"), "{:.2f}x"),
+            *(_cell(r, v, r.median_s[v] * 1e3 if v in r.median_s else None, "{:.3f}")
+              for v in timed),
+            *(_cell(r, v, r.ratio(v), "{:.2f}x") for v in COMPARED if v in timed),
             _number(fused, "{:.1f}"),
             _number(peak, "{:.0f}%"),
-            _mib_per_variant(r, "inference_peak_bytes"),
-            _mib_per_variant(r, "saved_for_backward_bytes"),
+            _mib_per_variant(r, "inference_peak_bytes", memory["inference_peak_bytes"]),
+            _mib_per_variant(r, "saved_for_backward_bytes", memory["saved_for_backward_bytes"]),
         ])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
@@ -94,15 +116,18 @@ def write_json(path: Path, machine: dict, results: list[CaseResult]) -> None:
 
 
 def write_plot(path: Path, results: list[CaseResult], title: str) -> None:
-    """Bars of fused time / eager and / compile time per case; the line at 1 is parity."""
+    """Bars of fused time / each other variant's time per case (none where that variant did
+    not run); the line at 1 is parity."""
     plt = pyplot()
     names = [r.name for r in results]
     figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.5))
-    width = 0.38
-    for offset, variant in ((-width / 2, "eager"), (width / 2, "compile")):
+    compared = [v for v in COMPARED if any(v in r.median_s for r in results)]
+    width = 0.8 / len(compared)
+    for index, variant in enumerate(compared):
         values = [r.ratio(variant) or 0.0 for r in results]
-        positions = [i + offset for i in range(len(names))]
-        axes.bar(positions, values, width, label=f"fused / {variant}")
+        offset = (index - (len(compared) - 1) / 2) * width
+        axes.bar([i + offset for i in range(len(names))], values, width,
+                 label=f"fused / {variant}")
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks(range(len(names)), names, rotation=30, ha="right")
     axes.set_ylabel("time ratio (lower is better for fused)")

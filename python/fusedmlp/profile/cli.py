@@ -14,7 +14,9 @@ picture per experiment (every variant's forward on one time axis).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +37,12 @@ from fusedmlp.profile.experiments import (
 )
 from fusedmlp.profile.measure import (
     ExperimentResult,
+    Model,
     VariantResult,
+    WallTime,
     check_output,
     profile_forward,
-    time_forward,
+    time_forwards,
     warm_up,
 )
 from fusedmlp.profile.reading import format_ms
@@ -51,6 +55,7 @@ from fusedmlp.profile.report import (
 from fusedmlp.profile.timeline import write_timeline
 from fusedmlp.tools.memory import ForwardMemory, measure_call, saved_for_backward
 from fusedmlp.tools.plotting import require_matplotlib
+from fusedmlp.tools.quiet_profiler import quiet_kineto
 
 DTYPES = {
     "float32": torch.float32,
@@ -211,13 +216,15 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def run_variant(
+def prepare_variant(
     experiment: Experiment,
     variant: str,
     reference: torch.Tensor,
     settings: StudySettings,
     prefix: str,
-) -> VariantResult:
+) -> tuple[Model, Callable[[WallTime], VariantResult]]:
+    """Everything but the wall time, which run_study measures with every variant taking turns:
+    the model, and what makes its result from its wall time."""
     device, inputs = settings.device, experiment.inputs
     compiled = variant in (COMPILE, FUSED_COMPILE)
     log(f"{prefix}: {'compiling' if compiled else 'warming up'}...")
@@ -231,14 +238,12 @@ def run_variant(
         profiled = profile_forward(
             model, inputs, settings.profile_steps, device, settings.out / trace_file
         )
-        log(f"{prefix}: timing {settings.iters} forwards...")
-        wall = time_forward(model, inputs, settings.iters, device)
     log(f"{prefix}: measuring the memory a forward saves for backward...")
     saved = saved_for_backward(model, inputs, device, compiled)
     memory = ForwardMemory(inference.peak_bytes, saved)
-    matches = "matches eager" if check.matches_eager else "does NOT match eager"
-    log(f"{prefix}: {format_ms(wall.median_ms)} ms per forward (median), {matches}")
-    return VariantResult(
+    log(f"{prefix}: {'matches' if check.matches_eager else 'does NOT match'} eager")
+    return model, functools.partial(
+        VariantResult,
         variant,
         trace_file,
         first_call_s,
@@ -247,7 +252,6 @@ def run_variant(
         profiled.op_tree,
         profiled.timeline,
         memory,
-        wall,
     )
 
 
@@ -271,11 +275,19 @@ def run_study(settings: StudySettings) -> list[ExperimentResult]:
             log(f"{experiment.name}: skipping {variant}: {reason}")
         with torch.inference_mode():
             reference = experiment.eager(experiment.inputs)
-        variant_results = []
+        prepared = {}
         for variant in experiment_variants(experiment, settings):
             step += 1
             prefix = f"[{step}/{total}] {experiment.name} / {variant}"
-            variant_results.append(run_variant(experiment, variant, reference, settings, prefix))
+            prepared[variant] = prepare_variant(experiment, variant, reference, settings, prefix)
+        log(f"{experiment.name}: timing {settings.iters} forwards per variant, taking turns...")
+        with torch.inference_mode():
+            models = {variant: model for variant, (model, _) in prepared.items()}
+            walls = time_forwards(models, experiment.inputs, settings.iters, settings.device)
+        variant_results = [finish(walls[variant]) for variant, (_, finish) in prepared.items()]
+        for result in variant_results:
+            median = format_ms(result.wall.median_ms)
+            log(f"{experiment.name} / {result.variant}: {median} ms per forward (median)")
         results.append(
             ExperimentResult(
                 experiment.name, experiment.description, shape, variant_results, experiment.skipped
@@ -293,6 +305,7 @@ def warn_if_overloaded(env: dict[str, str | int | float | None]) -> None:
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     require_matplotlib("python -m fusedmlp.profile")
+    quiet_kineto()
     settings.out.mkdir(parents=True, exist_ok=True)
     # Each variant runs its forwards under inference_mode, but the weights are made outside it:
     # the memory a forward saves for backward needs weights that autograd can use.

@@ -188,12 +188,13 @@ def header(env: dict[str, str | int | float | None], settings: dict[str, object]
     )
     method = (
         f"Wall time: median of {settings['iters']} forwards after {settings['warmup']} "
-        "warm-up runs. Op and kernel counts, CPU and GPU time: torch.profiler over "
-        f"{settings['profile_steps']} forwards. CPU time is the median host time of a forward "
-        "under the profiler; GPU time sums the device kernels' durations. Speedup is "
-        "eager's wall time over the variant's. Memory, above the inputs and weights: the peak "
-        "of one inference forward (its output included), and what one forward with autograd "
-        "saves for backward (what it leaves allocated, less its output); "
+        "warm-up runs, the variants taking turns forward by forward. Op and kernel counts, "
+        f"CPU and GPU time: torch.profiler over {settings['profile_steps']} forwards. CPU time "
+        "is the median host time of a forward under the profiler; GPU time sums the device "
+        "kernels' durations. Speedup is eager's wall time over the variant's. Memory, above "
+        "the inputs and weights: the peak of one inference forward (its output included), and "
+        "what one forward with autograd saves for backward (what it leaves allocated, less its "
+        "output); "
         + (
             "from torch.cuda's allocator statistics."
             if str(settings["device"]).startswith("cuda")

@@ -1,0 +1,106 @@
+"""The bench's table and its peak loops, without timing anything: results made up here, the
+kernel registry and the CPU feature mocked; the loops themselves run once each, short."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from fusedmlp.bench import peak
+from fusedmlp.bench.report import CaseResult, format_table
+from fusedmlp.registry import CpuIsa
+
+AVX512_FLAGS = ("-mavx512f", "-mfma")
+
+
+def result(name: str, train: bool, seconds: dict[str, float]) -> CaseResult:
+    memory = {v: {"inference_peak_bytes": 2 << 20, "saved_for_backward_bytes": 1 << 20}
+              for v in seconds if v != "compile-max"}
+    if "compile-max" in seconds:
+        memory["compile-max"] = {"inference_peak_bytes": 3 << 20}
+    return CaseResult(name, name, 4, [8, 8], 2_000_000_000, gemm_bound=True, train=train,
+                      median_s=seconds, memory=memory)
+
+
+def rows(table: str) -> dict[str, list[str]]:
+    lines = table.splitlines()
+    return {line.split()[0]: line.split() for line in [lines[0]] + lines[2:]}
+
+
+def test_compile_max_column_and_its_ratio_with_a_dash_for_training_cases() -> None:
+    inference = result("infer", False, {"eager": 1.0, "compile": 0.8, "compile-max": 0.4,
+                                         "fused": 0.5})
+    train = result("train", True, {"eager": 1.0, "compile": 0.5, "fused": 0.25})
+    table = rows(format_table([inference, train], peak_gflops=10.0))
+    assert table["case"] == ["case", "eager", "ms", "compile", "ms", "compile-max", "ms", "fused",
+                             "ms", "fused/eager", "fused/compile", "fused/compile-max", "fused",
+                             "GFLOP/s", "%", "peak", "peak", "fwd", "MiB", "e/c/m/f", "saved",
+                             "bwd", "MiB", "e/c/f"]
+    assert table["infer"][1:8] == ["1000.000", "800.000", "400.000", "500.000", "0.50x",
+                                   "0.62x", "1.25x"]
+    assert table["infer"][8:] == ["4.0", "40%", "2.00/2.00/3.00/2.00", "1.00/1.00/1.00"]
+    assert table["train"][1:8] == ["1000.000", "500.000", "\u2014", "250.000", "0.25x", "0.50x",
+                                   "\u2014"]
+    assert table["train"][10] == "2.00/2.00/\u2014/2.00"
+
+
+def test_without_compile_max_its_columns_are_gone() -> None:
+    table = format_table([result("infer", False, {"eager": 1.0, "fused": 0.5})], None)
+    assert "compile" not in table and "e/f" in table
+    assert rows(table)["infer"][1:4] == ["1000.000", "500.000", "0.50x"]
+
+
+def registry(*extra: CpuIsa) -> tuple[CpuIsa, ...]:
+    return (CpuIsa("portable", (), (), True), CpuIsa("avx512", AVX512_FLAGS, ("avx512f",), True),
+            *extra)
+
+
+def test_fp32_peak_uses_the_flags_of_the_isa_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peak, "cpu_isas", registry)
+    assert peak.peak_loop(torch.float32, "avx512") == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
+    assert peak.peak_loop(torch.float32, "portable") is None  # no FMA loop to time
+    assert peak.peak_loop(torch.float64, "avx512") is None
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_bf16_peak_follows_the_registry_entry_when_there_is_one(
+    monkeypatch: pytest.MonkeyPatch, supported: bool
+) -> None:
+    flags = (*AVX512_FLAGS, "-mavx512bf16", "-mextra")
+    entry = CpuIsa("avx512_bf16", flags, ("avx512f", "avx512_bf16"), supported)
+    monkeypatch.setattr(peak, "cpu_isas", lambda: registry(entry))
+    # the registry's word counts, not the CPU feature
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: not supported)
+    loop = peak.peak_loop(torch.bfloat16, "avx512")
+    if supported:
+        assert loop == peak.PeakLoop("bf16 dot product", flags, ("-DPEAK_BF16",))
+    else:  # bf16 kernels run on FMAs there
+        assert loop == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
+
+
+@pytest.mark.parametrize("has_feature", [True, False])
+def test_bf16_peak_without_a_registry_entry_keys_on_the_cpu_feature(
+    monkeypatch: pytest.MonkeyPatch, has_feature: bool
+) -> None:
+    monkeypatch.setattr(peak, "cpu_isas", registry)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: has_feature)
+    loop = peak.peak_loop(torch.bfloat16, "avx512")
+    if has_feature:
+        bf16_flags = (*AVX512_FLAGS, "-mavx512bf16")
+        assert loop == peak.PeakLoop("bf16 dot product", bf16_flags, ("-DPEAK_BF16",))
+    else:
+        assert loop == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
+                    reason="needs a C compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_peak_loops_build_and_run_on_this_cpu(dtype: torch.dtype) -> None:
+    from fusedmlp import _C
+
+    loop = peak.peak_loop(dtype, _C.cpu_isa())
+    if loop is None:
+        pytest.skip(f"no {dtype} peak loop for ISA {_C.cpu_isa()}")
+    gflops = peak.measure_peak_gflops(loop, threads=1)
+    assert gflops is not None and gflops > 1.0
