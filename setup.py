@@ -262,8 +262,9 @@ class BuildWithKernels(BuildExtension):
     def finalize_options(self) -> None:
         super().finalize_options()
         # Relink on every build: setuptools' timestamp check does not see which torch an
-        # extension was built against, and would keep one built for another torch (ninja
-        # still recompiles only the objects whose command or headers changed).
+        # extension was built against, and would keep one built for another torch. torch's
+        # BuildExtension does this itself when it builds with ninja (which recompiles only
+        # the objects whose command or headers changed), but not without ninja.
         self.force = True
 
     def run(self) -> None:
