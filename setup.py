@@ -1,20 +1,28 @@
-"""Builds fusedmlp._C: the C kernels as static libraries (each with its own C
-flags), the CUDA kernels when a CUDA build is possible, and the thin C++ torch
-layer that registers them.
+"""Builds fusedmlp's two extensions: fusedmlp._C, the C kernels as static libraries (each
+with its own C flags) under the thin C++ torch layer that registers the ops and their CPU
+kernels, with no CUDA dependency; and fusedmlp._C_cuda, the CUDA kernels, when a CUDA build
+is possible. Python loads _C_cuda only under a CUDA build of torch (fusedmlp/_extension.py),
+so a wheel whose CUDA module does not load still runs on the CPU.
 
-FUSEDMLP_CUDA=1 requires the CUDA build, FUSEDMLP_CUDA=0 skips it; unset, CUDA
-is built when torch is a CUDA build and nvcc is found. TORCH_CUDA_ARCH_LIST
-overrides the default architectures (Ampere and Hopper).
+FUSEDMLP_CUDA=1 requires the CUDA build, FUSEDMLP_CUDA=0 skips it; unset, CUDA is built
+when torch is a CUDA build, nvcc of torch's CUDA major version is found and cuBLASLt is
+(in the toolkit or torch's nvidia-cublas wheel), else the build says why it builds the CPU
+kernels only. TORCH_CUDA_ARCH_LIST overrides the default architectures (Ampere and Hopper).
+
+The build writes fusedmlp/_build.json beside the extensions: the torch it was built
+against, whether _C_cuda was built and why not, so that `import fusedmlp` can say what a
+mismatch is and how to fix it.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import platform
 import re
 import shutil
-import site
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,33 +58,22 @@ import torch  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 
-def want_cuda() -> bool:
-    forced = os.environ.get("FUSEDMLP_CUDA")
-    possible = torch.version.cuda is not None and CUDA_HOME is not None
-    if forced == "1":
-        if not possible:
-            sys.exit(
-                "FUSEDMLP_CUDA=1 but a CUDA build is impossible: "
-                f"torch CUDA version {torch.version.cuda}, CUDA toolkit {CUDA_HOME}"
-            )
-        return True
-    if forced == "0":
-        print("fusedmlp: FUSEDMLP_CUDA=0, building the CPU kernels only")
-        return False
-    if not possible:
-        print(
-            "fusedmlp: building the CPU kernels only "
-            f"(torch CUDA version {torch.version.cuda}, nvcc toolkit {CUDA_HOME})"
-        )
-    return possible
+def nvcc_version() -> str | None:
+    """The toolkit's CUDA version ("13.0"), from nvcc."""
+    out = subprocess.run(
+        [str(Path(CUDA_HOME) / "bin" / "nvcc"), "--version"], capture_output=True, text=True
+    ).stdout
+    found = re.search(r"release (\d+\.\d+)", out)
+    return found.group(1) if found else None
 
 
-def cublaslt_location() -> tuple[str, str, list[str]]:
+def cublaslt_location() -> tuple[str, str, list[str]] | None:
     """(include dir, library dir, library files) of cuBLASLt and cuBLAS: the toolkit's, or
-    the nvidia-cublas wheel torch depends on."""
+    the nvidia-cublas wheel torch depends on (found on sys.path, which holds the isolated
+    build environment's packages too); None if neither has them."""
     roots = [Path(CUDA_HOME)] if CUDA_HOME else []
-    for packages in site.getsitepackages() + [site.getusersitepackages()]:
-        roots += [Path(p) for p in glob.glob(os.path.join(packages, "nvidia", "*"))]
+    for entry in sys.path:
+        roots += [Path(p) for p in glob.glob(os.path.join(entry, "nvidia", "*"))]
     for root in roots:
         headers = root / "include" / "cublasLt.h"
         for lib_dir in (root / "lib64", root / "lib", root / "targets" / "x86_64-linux" / "lib"):
@@ -84,10 +81,39 @@ def cublaslt_location() -> tuple[str, str, list[str]]:
             blas = sorted(glob.glob(str(lib_dir / "libcublas.so*")))
             if headers.exists() and lt and blas:
                 return str(headers.parent), str(lib_dir), [Path(lt[0]).name, Path(blas[0]).name]
-    sys.exit(
-        "fusedmlp: CUDA build requested but cuBLASLt and cuBLAS (cublasLt.h, libcublasLt.so, "
-        "libcublas.so) not found"
-    )
+    return None
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why the CUDA kernels cannot be built against this torch here, or None if they can."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    if CUDA_HOME is None:
+        return "nvcc and the CUDA toolkit (cuda_runtime.h) were not found; set CUDA_HOME"
+    toolkit = nvcc_version()
+    if toolkit is None or toolkit.split(".")[0] != torch.version.cuda.split(".")[0]:
+        return (
+            f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but the toolkit "
+            f"at {CUDA_HOME} is CUDA {toolkit}: the major versions must match"
+        )
+    if cublaslt_location() is None:
+        return "cuBLASLt and cuBLAS (cublasLt.h, libcublasLt.so, libcublas.so) were not found"
+    return None
+
+
+def cuda_build() -> tuple[bool, str | None]:
+    """(whether to build fusedmlp._C_cuda, why not when it is not built)."""
+    forced = os.environ.get("FUSEDMLP_CUDA")
+    if forced == "0":
+        print("fusedmlp: FUSEDMLP_CUDA=0, building the CPU kernels only")
+        return False, "it was built with FUSEDMLP_CUDA=0"
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        return True, None
+    if forced == "1":
+        sys.exit(f"fusedmlp: FUSEDMLP_CUDA=1 but the CUDA kernels cannot be built: {reason}")
+    print(f"fusedmlp: building the CPU kernels only: {reason}")
+    return False, reason
 
 
 def target_architecture() -> str:
@@ -186,50 +212,80 @@ def kernel_files() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in paths if p.suffix in (".c", ".h", ".def"))
 
 
-def extension():
-    torch_sources = [
-        "csrc/torch/schemas.cpp",
-        "csrc/torch/arguments.cpp",
-        "csrc/torch/autocast.cpp",
-        "csrc/torch/cpu.cpp",
-    ]
+def extensions(with_cuda: bool) -> list:
+    """fusedmlp._C (the schemas, autocast and the CPU kernels, linked to no CUDA library) and,
+    with CUDA, fusedmlp._C_cuda (the CUDA kernels, registered when Python loads it)."""
+    include_dirs = [str(ROOT / "csrc" / "include")]
     # torch adds the C++ standard it was built with. at::parallel_for is an inline OpenMP
     # region: without -fopenmp it silently runs on one thread. The libgomp this links is
     # the one torch has already loaded (same soname), so there is one OpenMP runtime.
     cxx_flags = ["-O2", "-fopenmp"]
-    if not want_cuda():
-        return CppExtension(
+    modules = [
+        CppExtension(
             "fusedmlp._C",
-            torch_sources,
-            include_dirs=[str(ROOT / "csrc" / "include")],
+            [
+                "csrc/torch/schemas.cpp",
+                "csrc/torch/arguments.cpp",
+                "csrc/torch/autocast.cpp",
+                "csrc/torch/cpu.cpp",
+            ],
+            include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx_flags},
             extra_link_args=["-fopenmp"],
             depends=kernel_files(),
         )
+    ]
+    if not with_cuda:
+        return modules
     include_dir, lib_dir, lib_files = cublaslt_location()
     print(f"fusedmlp: CUDA build for {os.environ['TORCH_CUDA_ARCH_LIST']}, cuBLASLt {lib_dir}")
     cuda_sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
-    return CUDAExtension(
-        "fusedmlp._C",
-        torch_sources + ["csrc/torch/cuda.cpp"] + cuda_sources,
-        include_dirs=[str(ROOT / "csrc" / "include"), include_dir],
-        library_dirs=[lib_dir],
-        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", f"-I{include_dir}"]},
-        extra_link_args=[*(f"-l:{name}" for name in lib_files), "-fopenmp"],
-        depends=kernel_files(),
+    modules.append(
+        CUDAExtension(
+            "fusedmlp._C_cuda",
+            ["csrc/torch/arguments.cpp", "csrc/torch/cuda.cpp", *cuda_sources],
+            include_dirs=[*include_dirs, include_dir],
+            library_dirs=[lib_dir],
+            extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O3", f"-I{include_dir}"]},
+            extra_link_args=[f"-l:{name}" for name in lib_files],
+            depends=kernel_files(),
+        )
     )
+    return modules
 
 
 class BuildWithKernels(BuildExtension):
-    """Builds the C kernel libraries before the extension that links them."""
+    """Builds the C kernel libraries before the extensions that link them, and records
+    what the extensions were built against beside them (fusedmlp/_build.json)."""
+
+    build_record: dict = {}
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        # Relink on every build: setuptools' timestamp check does not see which torch an
+        # extension was built against, and would keep one built for another torch. torch's
+        # BuildExtension does this itself when it builds with ninja (which recompiles only
+        # the objects whose command or headers changed), but not without ninja.
+        self.force = True
 
     def run(self) -> None:
         self.run_command("build_clib")
         super().run()
+        record = Path(self.get_ext_fullpath("fusedmlp._C")).parent / "_build.json"
+        record.write_text(json.dumps(self.build_record, indent=1) + "\n")
 
+
+WITH_CUDA, NO_CUDA_REASON = cuda_build()
+BuildWithKernels.build_record = {
+    "torch": torch.__version__,
+    "torch_cuda": torch.version.cuda,
+    "cuda_module": WITH_CUDA,
+    "no_cuda_reason": NO_CUDA_REASON,
+    "source": str(ROOT),
+}
 
 setup(
     libraries=kernel_libraries(),
-    ext_modules=[extension()],
+    ext_modules=extensions(WITH_CUDA),
     cmdclass={"build_ext": BuildWithKernels},
 )

@@ -1,10 +1,15 @@
 """fusedmlp: fused Linear and MLP layers for PyTorch, as custom ops with C and CUDA C kernels."""
 
-from . import dtensor_support
-from .activations import ACTIVATIONS
-from .convert import convert
-from .functional import gated_mlp, linear, mlp
-from .modules import FusedGatedMLP, FusedLinear, FusedMLP
+from . import _extension
+
+# Before anything reads fusedmlp._C: a clear error when it does not match the installed torch.
+_extension.load()
+
+from . import dtensor_support  # noqa: E402
+from .activations import ACTIVATIONS  # noqa: E402
+from .convert import convert  # noqa: E402
+from .functional import gated_mlp, linear, mlp  # noqa: E402
+from .modules import FusedGatedMLP, FusedLinear, FusedMLP  # noqa: E402
 
 dtensor_support.install()
 
