@@ -9,7 +9,7 @@ import pytest
 import torch
 from fusedmlp.bench import peak
 from fusedmlp.bench.report import CaseResult, format_table
-from fusedmlp.registry import CpuIsa
+from fusedmlp.registry import CpuIsa, cpu_isas
 
 AVX512_FLAGS = ("-mavx512f", "-mfma")
 
@@ -63,44 +63,26 @@ def test_fp32_peak_uses_the_flags_of_the_isa_in_use(monkeypatch: pytest.MonkeyPa
     assert peak.peak_loop(torch.float64, "avx512") is None
 
 
-@pytest.mark.parametrize("supported", [True, False])
-def test_bf16_peak_follows_the_registry_entry_when_there_is_one(
-    monkeypatch: pytest.MonkeyPatch, supported: bool
+def test_bf16_peak_is_the_dot_product_only_at_the_level_that_runs_it(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     flags = (*AVX512_FLAGS, "-mavx512bf16", "-mextra")
-    entry = CpuIsa("avx512_bf16", flags, ("avx512f", "avx512_bf16"), supported)
+    entry = CpuIsa("avx512_bf16", flags, ("avx512f", "avx512bf16"), True, True)
     monkeypatch.setattr(peak, "cpu_isas", lambda: registry(entry))
-    # the registry's word counts, not the CPU feature
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: not supported)
-    loop = peak.peak_loop(torch.bfloat16, "avx512")
-    if supported:
-        assert loop == peak.PeakLoop("bf16 dot product", flags, ("-DPEAK_BF16",))
-    else:  # bf16 kernels run on FMAs there
-        assert loop == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
-
-
-@pytest.mark.parametrize("has_feature", [True, False])
-def test_bf16_peak_without_a_registry_entry_keys_on_the_cpu_feature(
-    monkeypatch: pytest.MonkeyPatch, has_feature: bool
-) -> None:
-    monkeypatch.setattr(peak, "cpu_isas", registry)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: has_feature)
-    loop = peak.peak_loop(torch.bfloat16, "avx512")
-    if has_feature:
-        bf16_flags = (*AVX512_FLAGS, "-mavx512bf16")
-        assert loop == peak.PeakLoop("bf16 dot product", bf16_flags, ("-DPEAK_BF16",))
-    else:
-        assert loop == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
+    loop = peak.peak_loop(torch.bfloat16, "avx512_bf16")
+    assert loop == peak.PeakLoop("bf16 dot product", flags, ("-DPEAK_BF16",))
+    # below it the bfloat16 units multiply on FMAs
+    assert peak.peak_loop(torch.bfloat16, "avx512") == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
+    assert peak.peak_loop(torch.bfloat16, "portable") is None
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
                     reason="needs a C compiler")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_peak_loops_build_and_run_on_this_cpu(dtype: torch.dtype) -> None:
-    from fusedmlp import _C
-
-    loop = peak.peak_loop(dtype, _C.cpu_isa())
+@pytest.mark.parametrize("isa", [isa.name for isa in cpu_isas() if isa.supported])
+def test_peak_loops_build_and_run_on_this_cpu(dtype: torch.dtype, isa: str) -> None:
+    loop = peak.peak_loop(dtype, isa)
     if loop is None:
-        pytest.skip(f"no {dtype} peak loop for ISA {_C.cpu_isa()}")
+        pytest.skip(f"no {dtype} peak loop for ISA {isa}")
     gflops = peak.measure_peak_gflops(loop, threads=1)
     assert gflops is not None and gflops > 1.0

@@ -48,11 +48,20 @@ int fmlp_cpu_isa_supported(fmlp_cpu_isa isa) {
   return 0;
 }
 
+int fmlp_cpu_isa_forced_only(fmlp_cpu_isa isa) {
+#define FMLP_FORCED_ONLY(id) \
+  if (isa == FMLP_ISA_##id) return 1;
+#include "fusedmlp/cpu_isas.def"
+  return 0;
+}
+
 fmlp_cpu_isa fmlp_cpu_isa_best(void) {
   /* the registry lists ISAs in increasing order: the last supported one wins */
   fmlp_cpu_isa best = FMLP_ISA_PORTABLE;
   for (int isa = 0; isa < FMLP_ISA_COUNT; ++isa) {
-    if (fmlp_cpu_isa_supported((fmlp_cpu_isa)isa)) best = (fmlp_cpu_isa)isa;
+    if (fmlp_cpu_isa_supported((fmlp_cpu_isa)isa) && !fmlp_cpu_isa_forced_only((fmlp_cpu_isa)isa)) {
+      best = (fmlp_cpu_isa)isa;
+    }
   }
   return best;
 }

@@ -84,8 +84,9 @@ static PyObject *cpu_isa(PyObject * /*module*/, PyObject * /*unused*/) {
   return PyUnicode_FromString(isa);
 }
 
-// One (name, compiler flags, CPU features, supported here) tuple per ISA of
-// fusedmlp/cpu_isas.def, in its order; flags and features space-separated.
+// One (name, compiler flags, CPU features, supported here, forced only) tuple
+// per ISA of fusedmlp/cpu_isas.def, in its order; flags and features
+// space-separated.
 static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
   struct Entry {
     fmlp_cpu_isa isa;
@@ -101,8 +102,9 @@ static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
   for (Py_ssize_t i = 0; i < FMLP_ISA_COUNT; ++i) {
     const Entry &e = entries[i];
     const char *features = e.features[0] == ' ' ? e.features + 1 : e.features;
-    PyObject *entry = Py_BuildValue("(sssO)", fmlp_cpu_isa_name(e.isa), e.flags, features,
-                                    fmlp_cpu_isa_supported(e.isa) ? Py_True : Py_False);
+    PyObject *entry = Py_BuildValue("(sssOO)", fmlp_cpu_isa_name(e.isa), e.flags, features,
+                                    fmlp_cpu_isa_supported(e.isa) ? Py_True : Py_False,
+                                    fmlp_cpu_isa_forced_only(e.isa) ? Py_True : Py_False);
     if (entry == nullptr) {
       Py_DECREF(result);
       return nullptr;
@@ -117,7 +119,8 @@ static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
 static const char kCpuIsaDoc[] =
     "The instruction set of the CPU kernels now, one of (best last):"
 #include "fusedmlp/cpu_isas.def"
-    "; FUSEDMLP_ISA forces another one the CPU supports. 'aten+<isa>': the ops' GEMMs run "
+    "; detection skips the forced-only ones (cpu_isas()), FUSEDMLP_ISA forces any one the CPU "
+    "supports. 'aten+<isa>': the ops' GEMMs run "
     "in ATen, each followed by our epilogue pass at <isa> (the default on a CPU with no level "
     "measured to beat eager, or FUSEDMLP_CPU_GEMM=aten).";
 
@@ -130,7 +133,7 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
       {"cpu_isa", cpu_isa, METH_NOARGS, kCpuIsaDoc},
       {"cpu_isas", cpu_isas, METH_NOARGS,
        "The registered instruction sets, lowest first: (name, compiler flags, CPU features, "
-       "supported by this CPU) each."},
+       "supported by this CPU, forced only: detection skips it) each."},
       {nullptr, nullptr, 0, nullptr}};
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fusedmlp kernels", -1, methods};
   return PyModule_Create(&module);

@@ -24,13 +24,14 @@ class CpuIsa(NamedTuple):
     compile_flags: tuple[str, ...]  # what its kernel units are built with
     cpu_features: tuple[str, ...]  # what CPUID must report for it
     supported: bool  # by this CPU
+    forced_only: bool = False  # detection skips it; only FUSEDMLP_ISA picks it
 
 
 def cpu_isas() -> tuple[CpuIsa, ...]:
     """Every registered instruction set, lowest first."""
     return tuple(
-        CpuIsa(name, tuple(flags.split()), tuple(features.split()), supported)
-        for name, flags, features, supported in _C.cpu_isas()
+        CpuIsa(name, tuple(flags.split()), tuple(features.split()), supported, forced_only)
+        for name, flags, features, supported, forced_only in _C.cpu_isas()
     )
 
 

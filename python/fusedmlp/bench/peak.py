@@ -89,8 +89,7 @@ int main(int argc, char **argv) {
 }
 """
 
-BF16_ISA = "avx512_bf16"  # the registry's name for the AVX512-BF16 level, once it has one
-BF16_FLAG = "-mavx512bf16"
+BF16_ISA = "avx512_bf16"  # the registry's name for the AVX512-BF16 level
 BF16_KIND, BF16_DEFINES = "bf16 dot product", ("-DPEAK_BF16",)
 
 
@@ -111,25 +110,19 @@ def fma_loop(isa: str) -> PeakLoop | None:
     return PeakLoop("fp32 FMA", flags) if flags else None
 
 
-def bf16_loop() -> PeakLoop | None:
-    """The AVX512-BF16 dot product, where this CPU has it: built with the registry's flags for
-    its avx512_bf16 level when the registry has one, else with the avx512 level's plus
-    -mavx512bf16 (and then keyed on the CPU feature)."""
-    entries = {entry.name: entry for entry in cpu_isas()}
-    if BF16_ISA in entries:
-        entry = entries[BF16_ISA]
-        return PeakLoop(BF16_KIND, entry.compile_flags, BF16_DEFINES) if entry.supported else None
-    avx512 = entries.get("avx512")
-    if avx512 is None or not torch.cpu._is_avx512_bf16_supported():
-        return None
-    return PeakLoop(BF16_KIND, (*avx512.compile_flags, BF16_FLAG), BF16_DEFINES)
+def bf16_loop(isa: str) -> PeakLoop | None:
+    """The AVX512-BF16 dot product, when `isa` is the registry's avx512_bf16 level (whose
+    bfloat16 unit multiplies with it), built with that level's flags; else None."""
+    flags = _isa_flags().get(isa) if isa == BF16_ISA else None
+    return PeakLoop(BF16_KIND, flags, BF16_DEFINES) if flags else None
 
 
 def peak_loop(dtype: torch.dtype, isa: str) -> PeakLoop | None:
     """The loop whose throughput bounds `dtype`'s GEMMs on this CPU running `isa`'s kernels,
-    or None where none is measured (float64, float16, ISAs without an FMA loop)."""
+    or None where none is measured (float64, float16, ISAs without an FMA loop): bfloat16's
+    units multiply on FMAs except at avx512_bf16."""
     if dtype == torch.bfloat16:
-        return bf16_loop() or fma_loop(isa)
+        return bf16_loop(isa) or fma_loop(isa)
     return fma_loop(isa) if dtype == torch.float32 else None
 
 
