@@ -25,27 +25,27 @@ def _whole_backward_on_cpu(x: Tensor) -> bool:
     """Whether one fusedmlp::*_backward op runs the backward: on CPU, unless the backward
     itself is being differentiated (create_graph=True) or the CPU's GEMMs run in ATen (then
     the backward is ATen's GEMMs around our pointwise ops, as eager's is)."""
-    return x.device.type == "cpu" and not torch.is_grad_enabled() and not cpu_gemm_in_aten()
+    return x.is_cpu and not torch.is_grad_enabled() and not cpu_gemm_in_aten()
 
 
 def _chain_backward(
     x: Tensor,
     weights: list[Tensor],
-    has_bias: list[bool],
+    has_bias: bool,
     saved: Tensor,
     grad_y: Tensor,
     hidden: str,
     final: str,
     need_grad_x: bool = True,
 ) -> tuple[Tensor | None, list[Tensor], list[Tensor | None]]:
-    """Gradients of a chain; grad_x is None when not needed (the first layer's dX GEMM,
-    a sixth of a 3-layer backward, is skipped as eager autograd does). On CPU one
-    fusedmlp::chain_backward call runs it all through our GEMM core; elsewhere, and for a
-    double backward, ATen GEMMs around fusedmlp::activation_backward."""
+    """Gradients of a chain whose biases are all present (has_bias) or all absent; grad_x
+    is None when not needed (the first layer's dX GEMM, a sixth of a 3-layer backward, is
+    skipped as eager autograd does). On CPU one fusedmlp::chain_backward call runs it all
+    through our GEMM core; elsewhere, and for a double backward, ATen GEMMs around
+    fusedmlp::activation_backward."""
     if _whole_backward_on_cpu(x):
-        # a chain's biases are all present or all absent
         grad_x, grad_weights, grad_biases = _ops.chain_backward(
-            grad_y, x, weights, saved, has_bias[0], hidden, final, need_grad_x
+            grad_y, x, weights, saved, has_bias, hidden, final, need_grad_x
         )
         biases: list[Tensor | None] = list(grad_biases) or [None] * len(weights)
         return (grad_x if need_grad_x else None), list(grad_weights), biases
@@ -68,7 +68,7 @@ def _chain_backward(
         below = layers[index - 1] if index > 0 else None
         layer_input = x_rows if below is None else view(below.hidden_offset, below.width)
         grad_weights[index] = grad.t().mm(layer_input)
-        if has_bias[index]:
+        if has_bias:
             grad_biases[index] = grad.sum(0)
         if index == 0 and not need_grad_x:
             return None, grad_weights, grad_biases
@@ -125,6 +125,151 @@ def _refuse_double_backward(op: str, differentiable: bool) -> None:
         )
 
 
+# ---- eager calls on plain tensors: an autograd.Function per op kind ----
+#
+# register_autograd's generic wrapper (the ops' own autograd, below) flattens and checks every
+# input and gradient with pytree on each call, a fifth of a 16 x 256^3 ReLU training step
+# (cProfile). Eager training calls on plain tensors take these Functions instead: they run the
+# same `*_train` op below autograd and the same backward, keep nothing but what the backward
+# reads (x, `saved`, the weights; not the biases, whose gradients are column sums) and return
+# y alone (`saved` stays out of autograd's outputs, so it needs no gradient bookkeeping).
+
+_PLAIN_TYPES = frozenset((Tensor, torch.nn.Parameter, type(None)))
+
+
+def _function_fits(x: Tensor, *parameters: Tensor | None) -> bool:
+    """Whether a training call may enter autograd through the Functions below rather than
+    the op's registered autograd. Compiled graphs (checked first: Dynamo traces nothing past
+    it), tensor subclasses (DTensor), dispatch modes, autocast and other devices (meta) keep
+    the op."""
+    if torch.compiler.is_compiling():
+        return False
+    return (
+        _PLAIN_TYPES.issuperset(map(type, (x, *parameters)))
+        and (x.is_cpu or x.is_cuda)
+        and _get_current_dispatch_mode() is None
+        and not torch._C._is_any_autocast_enabled()  # autocast casts above autograd
+    )
+
+
+@dataclass(frozen=True)
+class _ChainOp:
+    """How linear / mlp map onto a chain of layers."""
+
+    name: str
+    single_layer: bool
+
+    def unpack(self, inputs) -> tuple[Tensor, list[Tensor], list, str]:
+        x, weights, biases, activation = inputs
+        if self.single_layer:
+            return x, [weights], [biases], activation
+        return x, list(weights), list(biases) or [None] * len(weights), activation
+
+    def pack(self, first, weights: list, biases: list, last):
+        """Op arguments (or their gradients) from per-layer lists; an mlp's biases are
+        all present or an empty list."""
+        if self.single_layer:
+            return first, weights[0], biases[0], last
+        return first, weights, [b for b in biases if b is not None], last
+
+    def final(self, activation: str) -> str:
+        return activation if self.single_layer else "none"
+
+    def differentiable(self, activation: str) -> bool:
+        """One layer without activation differentiates only through x and weight, so its
+        backward may itself be differentiated."""
+        return self.single_layer and activation == "none"
+
+    def train(self, x: Tensor, weights, biases, activation: str) -> tuple[Tensor, Tensor]:
+        """fusedmlp::<name>_train from per-layer weights and the biases present, if any."""
+        if self.single_layer:
+            bias = biases[0] if biases else None
+            return _ops.linear_train.default(x, weights[0], bias, activation)
+        return _ops.mlp_train.default(x, weights, biases, activation)
+
+
+_LINEAR = _ChainOp("linear", single_layer=True)
+_MLP = _ChainOp("mlp", single_layer=False)
+
+
+class ChainTrain(torch.autograd.Function):
+    """fusedmlp::linear_train / mlp_train and the chain backward (see the comment above).
+    Arguments after n_weights: the weights, then the biases if there are any."""
+
+    @staticmethod
+    def forward(ctx, x, chain, activation, n_weights, *parameters):  # type: ignore[override]
+        weights, biases = parameters[:n_weights], parameters[n_weights:]
+        with torch._C._AutoDispatchBelowAutograd():
+            y, saved = chain.train(x, weights, biases, activation)
+        ctx.save_for_backward(x, saved, *weights)
+        ctx.chain, ctx.activation, ctx.has_bias = chain, activation, bool(biases)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):  # type: ignore[override]
+        chain, activation, has_bias = ctx.chain, ctx.activation, ctx.has_bias
+        _refuse_double_backward(chain.name, chain.differentiable(activation))
+        x, saved, *weights = ctx.saved_tensors
+        grad_x, grad_weights, grad_biases = _chain_backward(
+            x, weights, has_bias, saved, grad_y, activation, chain.final(activation),
+            need_grad_x=ctx.needs_input_grad[0],
+        )
+        return grad_x, None, None, None, *grad_weights, *(grad_biases if has_bias else ())
+
+
+class GatedMLPTrain(torch.autograd.Function):
+    """fusedmlp::gated_mlp_train and its backward (see the comment above ChainTrain)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation
+    ):
+        with torch._C._AutoDispatchBelowAutograd():
+            y, saved = _ops.gated_mlp_train.default(
+                x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation
+            )
+        ctx.save_for_backward(x, saved, w_gate, w_up, w_down)
+        ctx.activation = activation
+        ctx.has_bias = (bias_gate is not None, bias_up is not None, bias_down is not None)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):  # type: ignore[override]
+        _refuse_double_backward("gated_mlp", False)
+        x, saved, *weights = ctx.saved_tensors
+        grads = _gated_backward(
+            x, *weights, ctx.has_bias, saved, grad_y, ctx.activation,
+            need_grad_x=ctx.needs_input_grad[0],
+        )
+        return *grads, None
+
+
+def _train_chain(chain: _ChainOp, x: Tensor, weights, biases, activation: str) -> Tensor:
+    if _function_fits(x, *weights, *biases):
+        return ChainTrain.apply(x, chain, activation, len(weights), *weights, *biases)
+    return chain.train(x, weights, biases, activation)[0]
+
+
+def train_linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:
+    """y of fusedmlp::linear_train, differentiable."""
+    return _train_chain(_LINEAR, x, (weight,), () if bias is None else (bias,), activation)
+
+
+def train_mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], activation: str) -> Tensor:
+    """y of fusedmlp::mlp_train (biases: one per weight, or none), differentiable."""
+    return _train_chain(_MLP, x, weights, biases, activation)
+
+
+def train_gated(*args) -> Tensor:
+    """y of fusedmlp::gated_mlp_train(*args), differentiable."""
+    if _function_fits(*args[:7]):
+        return GatedMLPTrain.apply(*args)
+    return _ops.gated_mlp_train(*args)[0]
+
+
+# ---- the ops' own autograd: compiled graphs, tensor subclasses, modes, direct op calls ----
+
+
 def _save(
     ctx, x: Tensor, saved: Tensor, weights: list[Tensor], biases: list, y: Tensor
 ) -> None:
@@ -161,139 +306,55 @@ def _grad_or_zeros(grad_y: Tensor | None, x: Tensor, out_features: int) -> Tenso
     return x.new_zeros((*x.shape[:-1], out_features)) if grad_y is None else grad_y
 
 
-# name -> an autograd.Function running fusedmlp::<name>_train with the op's own backward
-_TRAIN_FUNCTIONS: dict[str, type[torch.autograd.Function]] = {}
+def _register_chain(chain: _ChainOp) -> None:
+    train_op = getattr(_ops, f"{chain.name}_train")
 
+    def setup(ctx, inputs, output, training: bool) -> None:
+        x, weights, biases, activation = chain.unpack(inputs)
+        saved = output[1] if training else x.new_empty(0)
+        if training:
+            ctx.mark_non_differentiable(saved)
+        _save(ctx, x, saved, weights, biases, output[0] if training else output)
+        ctx.activation, ctx.recompute = activation, not training
 
-def _function_fits(x: Tensor, tensors: tuple) -> bool:
-    """Whether a training call may enter autograd through our autograd.Function rather than
-    the op's registered autograd: register_autograd's generic wrapper flattens and checks
-    every input and gradient with pytree on each call, a fifth of a 16 x 256^3 ReLU training
-    step's time (cProfile). Compiled graphs, tensor subclasses (DTensor), dispatch modes,
-    autocast and other devices keep the op."""
-    return not (
-        torch.compiler.is_compiling()
-        or any(t is not None and type(t) not in (Tensor, torch.nn.Parameter) for t in tensors)
-        or _get_current_dispatch_mode() is not None
-        or x.device.type not in ("cpu", "cuda")  # meta tensors: the op's own checks
-        or torch.is_autocast_enabled(x.device.type)  # autocast casts above autograd
+    def backward(ctx, grad_y: Tensor | None, *_unused):
+        _refuse_double_backward(chain.name, chain.differentiable(ctx.activation))
+        x, saved, weights, biases = _saved_inputs(ctx)
+        if ctx.recompute:
+            saved = train_op(*chain.pack(x, weights, biases, ctx.activation))[1]
+
+        def local_backward(grad_y, x, weights, saved):
+            return _chain_backward(
+                x,
+                weights,
+                ctx.has_bias[0],
+                saved,
+                grad_y,
+                ctx.activation,
+                chain.final(ctx.activation),
+                need_grad_x=ctx.needs_input_grad[0],
+            )
+
+        grad_y = _grad_or_zeros(grad_y, x, weights[-1].shape[0])
+        grad_x, grad_weights, grad_biases = _backward_maybe_sharded(
+            ctx, chain.name, local_backward, grad_y, x, weights, saved
+        )
+        return chain.pack(grad_x, grad_weights, grad_biases, None)
+
+    torch.library.register_autograd(
+        f"fusedmlp::{chain.name}",
+        backward,
+        setup_context=lambda ctx, inputs, output: setup(ctx, inputs, output, False),
+    )
+    torch.library.register_autograd(
+        f"fusedmlp::{chain.name}_train",
+        backward,
+        setup_context=lambda ctx, inputs, output: setup(ctx, inputs, output, True),
     )
 
 
-def train_call(
-    name: str, x: Tensor, weights: Tensor | list[Tensor], biases: Tensor | list | None,
-    activation: str,
-):
-    """fusedmlp::<name>_train(x, weights, biases, activation) for linear (one weight and
-    bias) or mlp, through the op or an autograd.Function with its setup and backward."""
-    single = name == "linear"
-    parameters = (weights, biases) if single else (*weights, *biases)
-    if not _function_fits(x, parameters):
-        return getattr(_ops, f"{name}_train")(x, weights, biases, activation)
-    return _TRAIN_FUNCTIONS[name].apply(x, activation, 1 if single else len(weights), *parameters)
-
-
-def gated_train_call(*args):
-    """fusedmlp::gated_mlp_train(*args), as train_call does."""
-    if not _function_fits(args[0], args[1:-1]):
-        return _ops.gated_mlp_train(*args)
-    return _TRAIN_FUNCTIONS["gated_mlp"].apply(*args)
-
-
-@dataclass(frozen=True)
-class _ChainOp:
-    """How linear / mlp map onto a chain of layers."""
-
-    name: str
-    single_layer: bool
-
-    def unpack(self, inputs) -> tuple[Tensor, list[Tensor], list, str]:
-        x, weights, biases, activation = inputs
-        if self.single_layer:
-            return x, [weights], [biases], activation
-        return x, list(weights), list(biases) or [None] * len(weights), activation
-
-    def pack(self, first, weights: list, biases: list, last):
-        """Op arguments (or their gradients) from per-layer lists; an mlp's biases are
-        all present or an empty list."""
-        if self.single_layer:
-            return first, weights[0], biases[0], last
-        return first, weights, [b for b in biases if b is not None], last
-
-    def final(self, activation: str) -> str:
-        return activation if self.single_layer else "none"
-
-    def register(self) -> None:
-        train_op = getattr(_ops, f"{self.name}_train")
-
-        def setup(ctx, inputs, output, training: bool) -> None:
-            x, weights, biases, activation = self.unpack(inputs)
-            saved = output[1] if training else x.new_empty(0)
-            if training:
-                ctx.mark_non_differentiable(saved)
-            _save(ctx, x, saved, weights, biases, output[0] if training else output)
-            ctx.activation, ctx.recompute = activation, not training
-
-        def backward(ctx, grad_y: Tensor | None, *_unused):
-            # One layer without activation differentiates only through x and weight.
-            _refuse_double_backward(self.name, self.single_layer and ctx.activation == "none")
-            x, saved, weights, biases = _saved_inputs(ctx)
-            if ctx.recompute:
-                saved = train_op(*self.pack(x, weights, biases, ctx.activation))[1]
-
-            def local_backward(grad_y, x, weights, saved):
-                return _chain_backward(
-                    x,
-                    weights,
-                    ctx.has_bias,
-                    saved,
-                    grad_y,
-                    ctx.activation,
-                    self.final(ctx.activation),
-                    need_grad_x=ctx.needs_input_grad[0],
-                )
-
-            grad_y = _grad_or_zeros(grad_y, x, weights[-1].shape[0])
-            grad_x, grad_weights, grad_biases = _backward_maybe_sharded(
-                ctx, self.name, local_backward, grad_y, x, weights, saved
-            )
-            return self.pack(grad_x, grad_weights, grad_biases, None)
-
-        class Train(torch.autograd.Function):
-            """The `*_train` op with the same setup and backward, for eager calls on plain
-            tensors (see train_call); parameters: the weights, then the biases."""
-
-            @staticmethod
-            def forward(ctx, x, activation, n_weights, *parameters):  # type: ignore[override]
-                weights, biases = list(parameters[:n_weights]), list(parameters[n_weights:])
-                inputs = self.pack(x, weights, biases or [None] * n_weights, activation)
-                with torch._C._AutoDispatchBelowAutograd():
-                    output = train_op(*inputs)
-                setup(ctx, inputs, output, True)
-                return output
-
-            @staticmethod
-            def backward(ctx, grad_y, *unused):  # type: ignore[override]
-                grad_x, grad_weights, grad_biases, _ = backward(ctx, grad_y, *unused)
-                if self.single_layer:
-                    return grad_x, None, None, grad_weights, grad_biases
-                return grad_x, None, None, *grad_weights, *grad_biases
-
-        _TRAIN_FUNCTIONS[self.name] = Train
-        torch.library.register_autograd(
-            f"fusedmlp::{self.name}",
-            backward,
-            setup_context=lambda ctx, inputs, output: setup(ctx, inputs, output, False),
-        )
-        torch.library.register_autograd(
-            f"fusedmlp::{self.name}_train",
-            backward,
-            setup_context=lambda ctx, inputs, output: setup(ctx, inputs, output, True),
-        )
-
-
-_ChainOp("linear", single_layer=True).register()
-_ChainOp("mlp", single_layer=False).register()
+_register_chain(_LINEAR)
+_register_chain(_MLP)
 
 
 def _register_gated() -> None:
@@ -325,21 +386,6 @@ def _register_gated() -> None:
         )
         return (grad_x, *grad_weights, *grad_biases, None)
 
-    class Train(torch.autograd.Function):
-        """gated_mlp_train with the same setup and backward (see gated_train_call)."""
-
-        @staticmethod
-        def forward(ctx, *inputs):  # type: ignore[override]
-            with torch._C._AutoDispatchBelowAutograd():
-                output = _ops.gated_mlp_train(*inputs)
-            setup(ctx, inputs, output, True)
-            return output
-
-        @staticmethod
-        def backward(ctx, grad_y, *unused):  # type: ignore[override]
-            return backward(ctx, grad_y, *unused)
-
-    _TRAIN_FUNCTIONS["gated_mlp"] = Train
     for name, training in (("gated_mlp", False), ("gated_mlp_train", True)):
         torch.library.register_autograd(
             f"fusedmlp::{name}",

@@ -54,7 +54,7 @@ def linear(
     check_tensor("weight", weight)
     check_tensor("bias", bias, optional=True)
     if _needs_grad(x, weight, bias):
-        return autograd.train_call("linear", x, weight, bias, activation)[0]
+        return autograd.train_linear(x, weight, bias, activation)
     return _without_autograd(_ops.linear.default, x, weight, bias, activation)
 
 
@@ -92,7 +92,7 @@ def run_mlp(
     train = _needs_grad(x, *weights, *biases)
     biases = _all_or_no_biases(weights, biases)
     if train:
-        return autograd.train_call("mlp", x, weights, biases, activation)[0]
+        return autograd.train_mlp(x, weights, biases, activation)
     return _without_autograd(_ops.mlp.default, x, weights, biases, activation)
 
 
@@ -126,7 +126,7 @@ def gated_mlp(
         check_tensor(name, tensor, optional=True)
     args = (x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation)
     if _needs_grad(*args[:-1]):
-        return autograd.gated_train_call(*args)[0]
+        return autograd.train_gated(*args)
     return _without_autograd(_ops.gated_mlp.default, *args)
 
 
