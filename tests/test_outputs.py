@@ -4,6 +4,8 @@ pre-backward hook)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import fusedmlp
 import pytest
 import torch
@@ -35,12 +37,37 @@ def test_outputs_are_not_views(kind: str, dtype: torch.dtype, shape: tuple, grad
     assert y.shape[:-1] == shape[:-1]
 
 
-def test_training_op_outputs_are_not_views() -> None:
-    x, weight = torch.randn(2, 3, DIM), torch.randn(OUT, DIM, requires_grad=True)
-    y, saved = torch.ops.fusedmlp.linear_train(x, weight, None, "relu")
-    assert y._base is None and saved._base is None
+def _op_calls(name: str) -> tuple[tuple, list[torch.Tensor], Callable[[], torch.Tensor]]:
+    """An op's arguments, the weights among them (which require grad) and the same call
+    through the functional API. Called directly, the ops take their registered autograd
+    rather than the functional calls' autograd.Function."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, DIM)
+    w, w_gate, w_up = (torch.randn(n, DIM, requires_grad=True) for n in (OUT, HIDDEN, HIDDEN))
+    w_down = torch.randn(DIM, HIDDEN, requires_grad=True)
+    if name == "linear":
+        return (x, w, None, "relu"), [w], lambda: fusedmlp.linear(x, w, None, "relu")
+    if name == "mlp":
+        weights = [w_gate, w_down]
+        return (x, weights, [], "gelu"), weights, lambda: fusedmlp.mlp(x, weights, None, "gelu")
+    weights = [w_gate, w_up, w_down]
+    args = (x, *weights, None, None, None, "silu")
+    return args, weights, lambda: fusedmlp.gated_mlp(x, *weights, "silu")
+
+
+@pytest.mark.parametrize("name", ["linear", "mlp", "gated_mlp"])
+@pytest.mark.parametrize("training", [True, False])
+def test_op_outputs_are_not_views(name: str, training: bool) -> None:
+    args, weights, functional = _op_calls(name)
+    outputs = getattr(torch.ops.fusedmlp, f"{name}_train" if training else name)(*args)
+    for output in outputs if training else (outputs,):
+        assert output._base is None
+    y = outputs[0] if training else outputs
     # An in-place op on the output is an ordinary in-place op: gradients still match.
-    y.mul_(2)
-    y.sum().backward()
-    expected = torch.autograd.grad(torch.relu(x @ weight.T).mul(2).sum(), weight)[0]
-    torch.testing.assert_close(weight.grad, expected)
+    y.mul_(2).sum().backward()
+    got = [w.grad for w in weights]
+    for w in weights:
+        w.grad = None
+    functional().mul(2).sum().backward()
+    for grad, w in zip(got, weights, strict=True):
+        torch.testing.assert_close(grad, w.grad)
