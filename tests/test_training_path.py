@@ -1,0 +1,72 @@
+"""Which autograd a training call takes: eager calls on plain tensors enter through the lean
+autograd.Function (ChainTrain, GatedMLPTrain), which saves only x, the saved buffer and the
+weights; a dispatch mode (as DTensor, FakeTensor and compiled graphs bring) keeps the ops'
+registered autograd. Both give the same gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import fusedmlp
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+DIM, HIDDEN, OUT = 6, 10, 4
+
+
+class PassThrough(TorchDispatchMode):
+    """Runs every op unchanged: only its presence matters."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def calls() -> dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], list[torch.Tensor], str]]:
+    """name -> (the call, its parameters, the training op's name)"""
+    torch.manual_seed(0)
+    linear = fusedmlp.FusedLinear(DIM, OUT, activation="gelu")
+    mlp = fusedmlp.FusedMLP([DIM, HIDDEN, HIDDEN, OUT], activation="silu")
+    unbiased = fusedmlp.FusedMLP([DIM, HIDDEN, OUT], bias=False)
+    gated = fusedmlp.FusedGatedMLP(DIM, HIDDEN, activation="gelu_tanh", bias=True)
+    return {
+        "linear": (linear, list(linear.parameters()), "linear_train"),
+        "mlp": (mlp, list(mlp.parameters()), "mlp_train"),
+        "mlp without biases": (unbiased, list(unbiased.parameters()), "mlp_train"),
+        "gated_mlp": (gated, list(gated.parameters()), "gated_mlp_train"),
+    }
+
+
+@pytest.mark.parametrize("name", list(calls()))
+def test_eager_calls_take_the_function_and_save_no_bias(name: str) -> None:
+    call, parameters, _ = calls()[name]
+    x = torch.randn(3, DIM)
+    y = call(x)
+    expected = "GatedMLPTrainBackward" if name == "gated_mlp" else "ChainTrainBackward"
+    assert type(y.grad_fn).__name__ == expected
+    weights = [p for p in parameters if p.dim() == 2]
+    saved = y.grad_fn.saved_tensors
+    assert len(saved) == 2 + len(weights)
+    assert saved[0] is x
+    assert all(s is w for s, w in zip(saved[2:], weights, strict=True))
+
+
+@pytest.mark.parametrize("name", list(calls()))
+def test_a_dispatch_mode_keeps_the_op_autograd_with_the_same_gradients(name: str) -> None:
+    call, parameters, train_op = calls()[name]
+    x = torch.randn(2, 3, DIM, requires_grad=True)
+    grad_y = torch.randn(2, 3, parameters[-1].shape[0])
+    gradients = []
+    for mode in (None, PassThrough()):
+        for tensor in (x, *parameters):
+            tensor.grad = None
+        if mode is None:
+            y = call(x)
+        else:
+            with mode:
+                y = call(x)
+            assert train_op in type(y.grad_fn).__name__
+        y.backward(grad_y)
+        gradients.append([t.grad for t in (x, *parameters)])
+    for function_grad, op_grad in zip(*gradients, strict=True):
+        torch.testing.assert_close(function_grad, op_grad)
