@@ -93,7 +93,8 @@ def test_bfloat16_gemm_cases_report_the_fraction_of_the_bf16_peak(tmp_path: Path
     run_bench(tmp_path, "--dtype", "bfloat16", "--cases", "large_gemm", "--no-compile")
     document = json.loads((tmp_path / "bench.json").read_text())
     machine, (case,) = document["machine"], document["cases"]
-    # the dot-product loop where the CPU has AVX512-BF16, else FMAs (none on portable ISAs)
+    # AMX tiles or the dot product at the levels that multiply on them, else FMAs (none on
+    # portable ISAs)
     loop = peak_loop(torch.bfloat16, machine["cpu_isa"])
     assert machine["peak_kind"] == (loop.kind if loop else None)
     if loop is not None:

@@ -63,14 +63,20 @@ def test_fp32_peak_uses_the_flags_of_the_isa_in_use(monkeypatch: pytest.MonkeyPa
     assert peak.peak_loop(torch.float64, "avx512") is None
 
 
-def test_bf16_peak_is_the_dot_product_only_at_the_level_that_runs_it(
+def test_bf16_peak_is_what_the_level_in_use_multiplies_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     flags = (*AVX512_FLAGS, "-mavx512bf16", "-mextra")
     entry = CpuIsa("avx512_bf16", flags, ("avx512f", "avx512bf16"), True, True)
-    monkeypatch.setattr(peak, "cpu_isas", lambda: registry(entry))
+    amx_flags = (*flags, "-mamx-tile")
+    amx = CpuIsa("avx512_amx", amx_flags, ("avx512f", "amx-tile"), True)
+    monkeypatch.setattr(peak, "cpu_isas", lambda: registry(entry, amx))
     loop = peak.peak_loop(torch.bfloat16, "avx512_bf16")
     assert loop == peak.PeakLoop("bf16 dot product", flags, ("-DPEAK_BF16",))
+    assert peak.peak_loop(torch.bfloat16, "avx512_amx") == peak.PeakLoop(
+        "bf16 AMX tiles", amx_flags, ("-DPEAK_AMX",)
+    )
+    assert peak.peak_loop(torch.float32, "avx512_amx") == peak.PeakLoop("fp32 FMA", amx_flags)
     # below it the bfloat16 units multiply on FMAs
     assert peak.peak_loop(torch.bfloat16, "avx512") == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
     assert peak.peak_loop(torch.bfloat16, "portable") is None

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from conftest import FUNCTIONAL
 from torch import Tensor
 
-# 4: dot products; 24: the transposed kernel; 160: packed weights (the dpbf16 micro-kernels)
-ROWS = [4, 24, 160]
+# 4: dot products; 24: the transposed kernel; 150: packed weights (the dpbf16 and AMX
+# micro-kernels, their last tile partly filled)
+ROWS = [4, 24, 150]
 # rounding the same values in another order moves a relative error by a few percent of itself
 MARGIN = 1.1
 
@@ -61,8 +62,8 @@ def assert_no_worse_than_eager(
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("activation", fusedmlp.ACTIVATIONS)
 def test_linear(isa, activation, rows, generator):
-    x = sample(rows, 96, generator=generator)
-    w = sample(160, 96, generator=generator, scale=96**-0.5)
+    x = sample(rows, 100, generator=generator)  # K past a whole 32: the AMX tail
+    w = sample(160, 100, generator=generator, scale=100**-0.5)
     b = sample(160, generator=generator)
     act = FUNCTIONAL[activation]
     assert_no_worse_than_eager(
@@ -121,6 +122,41 @@ def test_gated_mlp(isa, activation, rows, generator):
         return fusedmlp.gated_mlp(x, wg, wu, wd, activation, bg, bu, bd)
 
     assert_no_worse_than_eager(fused, eager, inputs, dim, generator)
+
+
+# (rows, K, N): the few-row paths (up to 40 rows) and packed tiles partly filled, K odd or
+# short of or past a whole 32 (the AMX tiles' K), N not a multiple of 16 (a tile's columns)
+ODD_SHAPES = [(1, 33, 17), (7, 1, 5), (17, 63, 40), (40, 31, 1), (65, 17, 33), (97, 15, 100),
+              (131, 65, 47)]
+
+
+@pytest.mark.parametrize(("rows", "k", "n"), ODD_SHAPES)
+def test_linear_odd_shapes(isa, rows, k, n, generator):
+    x = sample(rows, k, generator=generator)
+    w = sample(n, k, generator=generator, scale=k**-0.5)
+    b = sample(n, generator=generator)
+    assert_no_worse_than_eager(
+        lambda x, w, b: fusedmlp.linear(x, w, b, "gelu"),
+        lambda x, w, b: F.gelu(F.linear(x, w, b)),
+        [x, w, b],
+        n,
+        generator,
+    )
+
+
+@pytest.mark.parametrize(("rows", "dim", "hidden"), [(70, 33, 17), (131, 15, 40), (40, 63, 9)])
+def test_gated_mlp_odd_shapes(isa, rows, dim, hidden, generator):
+    x = sample(rows, dim, generator=generator)
+    wg = sample(hidden, dim, generator=generator, scale=dim**-0.5)
+    wu = sample(hidden, dim, generator=generator, scale=dim**-0.5)
+    wd = sample(dim, hidden, generator=generator, scale=hidden**-0.5)
+    assert_no_worse_than_eager(
+        lambda x, wg, wu, wd: fusedmlp.gated_mlp(x, wg, wu, wd, "silu"),
+        lambda x, wg, wu, wd: F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd),
+        [x, wg, wu, wd],
+        dim,
+        generator,
+    )
 
 
 @pytest.mark.parametrize("rows", [3, 24, 100])

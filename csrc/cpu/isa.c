@@ -1,5 +1,6 @@
 /* Run-time choice of the instruction set, from the registry
  * fusedmlp/cpu_isas.def. */
+#define _DEFAULT_SOURCE /* syscall under -std=c11 */
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,11 +27,31 @@ static int aarch64_has(const char *feature) {
 static int aarch64_has(const char *feature) { return strcmp(feature, "asimd") == 0; }
 #endif
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Linux hands the AMX tile data state (8 KiB a thread) out per process, on
+ * request (Documentation/arch/x86/xstate.rst): a CPU's AMX is usable only
+ * once the kernel grants it. The grant is per process and asking again is
+ * harmless, so each check asks, and no flag needs keeping. */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+static int os_grants(const char *feature) {
+  return strcmp(feature, "amx-tile") != 0 ||
+         syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+#elif defined(__x86_64__) || defined(__i386__)
+/* Elsewhere: no AMX (no request to make), every other feature as CPUID says. */
+static int os_grants(const char *feature) { return strncmp(feature, "amx-", 4) != 0; }
+#endif
+
 int fmlp_cpu_isa_supported(fmlp_cpu_isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init(); /* idempotent; needed if we run before libgcc's constructor */
-  /* libgcc also checks that the OS saves the AVX / AVX-512 register state. */
-#define FMLP_FEATURE(feature) &&__builtin_cpu_supports(#feature)
+  /* libgcc also checks that the OS saves the AVX / AVX-512 register state;
+   * AMX's tile state the OS grants on request (os_grants). */
+#define FMLP_FEATURE(feature) &&__builtin_cpu_supports(#feature) && os_grants(#feature)
 #define FMLP_ARM_FEATURE(feature) &&0
 #elif defined(__aarch64__)
 #define FMLP_FEATURE(feature) &&0

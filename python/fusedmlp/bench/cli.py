@@ -13,8 +13,9 @@ them), prints a table of medians and of fused's time over each other variant's, 
 variant's memory above its inputs and weights (the peak of one inference forward, and what a
 forward with autograd saves for backward), and writes bench.json and bench.png into --out.
 GEMM-bound cases also report GFLOP/s as a fraction of this machine's peak for the dtype,
-measured at the start by a small C loop (peak.py: fp32 FMA, or for bfloat16 the AVX512-BF16
-dot product where the CPU has it) on as many threads as torch uses.
+measured at the start by a small C loop (peak.py: fp32 FMA, or for bfloat16 what the level in
+use multiplies on: AMX tiles at avx512_amx, the AVX512-BF16 dot product at avx512_bf16) on as
+many threads as torch uses.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def machine_description(args: argparse.Namespace) -> dict:
         "cpu_isa": isa,
         "threads": threads,
         "peak_gflops": None,
-        "peak_kind": None,  # what peak_gflops times: "fp32 FMA" or "bf16 dot product"
+        "peak_kind": None,  # what peak_gflops times: peak.PeakLoop.kind
     }
     if args.device == "cuda":
         description["gpu"] = torch.cuda.get_device_name()

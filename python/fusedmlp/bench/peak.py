@@ -1,9 +1,10 @@
 """The machine's peak throughput for the benchmarked dtype, measured: a tiny C loop of
 independent multiply-add chains (the physical limit for a CPU GEMM), compiled at bench time and
 run on as many threads as torch uses. float32 times fp32 FMAs with the flags of the instruction
-set the kernels use (from the kernel registry); bfloat16 times the AVX512-BF16 dot product
-(vdpbf16ps: 16 lanes x 2 products x 2 flops) on CPUs that have it, else fp32 FMAs, which bf16
-kernels then run on."""
+set the kernels use (from the kernel registry); bfloat16 times what its kernels multiply on at
+that level: AMX tiles at avx512_amx (tdpbf16ps: 16 x 16 x 32 products x 2 flops), the
+AVX512-BF16 dot product at avx512_bf16 (vdpbf16ps: 16 lanes x 2 products x 2 flops), else fp32
+FMAs."""
 
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ PEAK_SOURCE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#if defined(PEAK_BF16)
+#if defined(PEAK_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#if defined(PEAK_BF16) || defined(PEAK_AMX)
 typedef __m512 vec;
 #define FLOPS_PER_STEP 64 /* 16 lanes x 2 bf16 products x 2 flops */
 #define SET1 _mm512_set1_ps
@@ -48,6 +53,39 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
+#if defined(PEAK_AMX)
+/* Four independent tile accumulations (2 A x 2 B tiles into 4 C tiles, the kernels' 2 x 2
+ * blocking) without loads: the tile multiplier's own rate. */
+static void *run(void *result) {
+  struct {
+    unsigned char palette, start_row, reserved[14];
+    unsigned short colsb[16];
+    unsigned char rows[16];
+  } config = {1};
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = 16;
+  }
+  __asm__ volatile("" ::: "memory"); /* GCC 12's _tile_loadconfig reads only 8 bytes, it says */
+  _tile_loadconfig(&config);
+  const long iters = 2000000;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    double t0 = now();
+    for (long n = 0; n < iters; ++n) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    double gflops = iters * 4.0 * 16 * 16 * 32 * 2 / (now() - t0) / 1e9;
+    if (gflops > best) best = gflops;
+  }
+  _tile_release();
+  *(double *)result = best;
+  return NULL;
+}
+#else
 /* Twelve independent chains cover the latency on two pipes. */
 static void *run(void *result) {
   const long iters = 20000000;
@@ -73,8 +111,13 @@ static void *run(void *result) {
   *(double *)result = best;
   return NULL;
 }
+#endif
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 1;
+#if defined(PEAK_AMX)
+  /* Linux grants the tile state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) */
+  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return 1;
+#endif
   if (threads < 1 || threads > 1024) threads = 1;
   pthread_t ids[1024];
   double results[1024];
@@ -89,8 +132,12 @@ int main(int argc, char **argv) {
 }
 """
 
-BF16_ISA = "avx512_bf16"  # the registry's name for the AVX512-BF16 level
-BF16_KIND, BF16_DEFINES = "bf16 dot product", ("-DPEAK_BF16",)
+# The registry's levels whose bfloat16 units multiply on other than FMAs -> what the loop
+# times and which loop of PEAK_SOURCE it is.
+BF16_LOOPS = {
+    "avx512_bf16": ("bf16 dot product", ("-DPEAK_BF16",)),
+    "avx512_amx": ("bf16 AMX tiles", ("-DPEAK_AMX",)),
+}
 
 
 class PeakLoop(NamedTuple):
@@ -111,16 +158,19 @@ def fma_loop(isa: str) -> PeakLoop | None:
 
 
 def bf16_loop(isa: str) -> PeakLoop | None:
-    """The AVX512-BF16 dot product, when `isa` is the registry's avx512_bf16 level (whose
-    bfloat16 unit multiplies with it), built with that level's flags; else None."""
-    flags = _isa_flags().get(isa) if isa == BF16_ISA else None
-    return PeakLoop(BF16_KIND, flags, BF16_DEFINES) if flags else None
+    """What the bfloat16 unit of `isa` multiplies on, when that is not FMAs (BF16_LOOPS),
+    built with that level's flags; else None."""
+    flags = _isa_flags().get(isa) if isa in BF16_LOOPS else None
+    if not flags:
+        return None
+    kind, defines = BF16_LOOPS[isa]
+    return PeakLoop(kind, flags, defines)
 
 
 def peak_loop(dtype: torch.dtype, isa: str) -> PeakLoop | None:
     """The loop whose throughput bounds `dtype`'s GEMMs on this CPU running `isa`'s kernels,
     or None where none is measured (float64, float16, ISAs without an FMA loop): bfloat16's
-    units multiply on FMAs except at avx512_bf16."""
+    units multiply on FMAs except at the levels of BF16_LOOPS."""
     if dtype == torch.bfloat16:
         return bf16_loop(isa) or fma_loop(isa)
     return fma_loop(isa) if dtype == torch.float32 else None

@@ -1,0 +1,251 @@
+/* The packed micro-kernels of the AMX unit (template: see docs/kernels.md), on
+ * Intel AMX tiles: _tile_dpbf16ps multiplies a 16-row x 32-bfloat16 A tile by
+ * a B tile of 16 K-pairs x 16 columns into a 16 x 16 float C tile, 8192
+ * multiply-adds an instruction. The weight panels are the K-pair panels of
+ * pack_k_pairs.h (NR = 32 columns: two B tiles side by side, a K-pair row
+ * 128 bytes); the input panels are tile-ready (pack_tile_rows below). One K
+ * block, as in every bfloat16 unit (GEMM_KC covers any K), so the tiles start
+ * at zero and the epilogue (bias, pre-activation, activation, one rounding
+ * to bfloat16) runs on the float tiles stored to a small scratch on the
+ * stack. K past the last whole 32 (and odd K) goes through zero-padded copies
+ * of the tail; rows and columns past the output are zero in the panels and
+ * never stored.
+ *
+ * The packed path's tile is 32 x 32 (2 x 2 C tiles, 2 A and 2 B: all 8 tile
+ * registers); the few-row paths and everything else are microkernel_simd.h's
+ * with the AVX-512 register tile (tile_avx512.h), so the unit includes that
+ * first and then sets the packed tile for gemm.h and drivers.h. */
+#include <stdint.h>
+#include <string.h>
+
+#include "pack_k_pairs.h"
+
+#define FMLP_PACK_WEIGHT_PANEL FN(pack_k_pairs)
+#define FMLP_PACK_INPUT_PANEL FN(pack_tile_rows)
+#define FMLP_MICROKERNEL FN(microkernel_amx)
+#define FMLP_MICROKERNEL_GATED FN(microkernel_gated_amx)
+#include "microkernel_simd.h"
+
+/* The packed tile, for gemm.h and drivers.h (included after this header);
+ * the SIMD kernels above were expanded with tile_avx512.h's. Gated: gate and
+ * up C tiles of 32 rows x 16 columns share the two A tiles. */
+#undef GEMM_MR
+#undef GATED_MR
+#undef GATED_NR
+#define GEMM_MR 32
+#define GATED_MR 32
+#define GATED_NR 16
+
+#define AMX_ROWS 16  /* rows of a tile */
+#define AMX_K 32     /* bfloat16 values along K in a row of an A tile */
+#define AMX_BYTES 64 /* bytes in a row of any tile */
+_Static_assert(GEMM_NR == 2 * AMX_ROWS && GEMM_MR == 2 * AMX_ROWS, "2 x 2 C tiles");
+_Static_assert(GATED_NR == AMX_ROWS, "one C tile of gate and one of up per 16 rows");
+
+/* An input panel of `width` (MR) rows over kc values of K, tile-ready: for
+ * each whole 32 of K, a block of width rows x 32 values (an A tile's rows,
+ * 64 bytes each, next to each other); then the last kc % 32 values of each
+ * row, kc % 32 apart. Zero rows past count. As REAL slots it takes
+ * width * kc / 2 of the width * kc that gemm.h gives it. */
+static void FN(pack_tile_rows)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
+                               int64_t width, int64_t kc, REAL *dst) {
+  STORE *out = (STORE *)dst;
+  const int64_t whole = kc / AMX_K * AMX_K, tail = kc - whole;
+  for (int64_t i = 0; i < width; ++i) {
+    const STORE *row = src + i * rs;
+    for (int64_t k0 = 0; k0 < kc; k0 += AMX_K) {
+      const int64_t span = k0 < whole ? AMX_K : tail;
+      STORE *to = out + k0 * width + i * span;
+      if (i >= count) {
+        memset(to, 0, (size_t)span * sizeof(STORE));
+      } else if (cs == 1) {
+        _mm512_mask_storeu_epi16(to, (__mmask32)(~0ull >> (64 - span)),
+                                 _mm512_maskz_loadu_epi16((__mmask32)(~0ull >> (64 - span)),
+                                                          row + k0));
+      } else {
+        for (int64_t kk = 0; kk < span; ++kk) to[kk] = row[(k0 + kk) * cs];
+      }
+    }
+  }
+}
+
+/* The tile registers: 4 C tiles (rows 0-15 and 16-31 of two 16-column
+ * halves), 2 A tiles (rows 0-15, 16-31), 2 B tiles (columns 0-15, 16-31 of
+ * the linear tile; gate and up in the gated one), all 16 rows x 64 bytes.
+ * Numbers, not an enum: the intrinsics paste them into the instruction. */
+#define TILE_C00 0
+#define TILE_C01 1
+#define TILE_C10 2
+#define TILE_C11 3
+#define TILE_A0 4
+#define TILE_A1 5
+#define TILE_B0 6
+#define TILE_B1 7
+#define AMX_TILES 8
+
+/* GCC 12's _tile_loadd and _tile_loadconfig do not tell the compiler that
+ * they read memory (their asm takes the address in a register, or the first
+ * 8 bytes), so stores into a buffer only they read could be dropped: a
+ * barrier between the stores and the loads keeps them. */
+#define TILE_READS_MEMORY() __asm__ volatile("" ::: "memory")
+
+/* Sets this thread's tile configuration (palette 1). Each micro-kernel call
+ * sets it, and releases the tiles at its end: nothing else on the thread
+ * (another library's AMX code) sees or disturbs our tiles between calls. */
+static void FN(configure_tiles)(void) {
+  struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } config;
+  memset(&config, 0, sizeof config);
+  config.palette = 1;
+  for (int t = 0; t < AMX_TILES; ++t) {
+    config.colsb[t] = AMX_BYTES;
+    config.rows[t] = AMX_ROWS;
+  }
+  _Static_assert(sizeof config == 64, "LDTILECFG reads 64 bytes");
+  TILE_READS_MEMORY();
+  _tile_loadconfig(&config);
+}
+
+/* The K tail of an input panel (kc % 32 values a row, see pack_tile_rows) and
+ * of `b_count` B operands, zero-padded to whole tiles: A rows 64 bytes apart
+ * (a_tail: MR rows), B K-pair rows (tail_pairs of them, 16 slots each, NR
+ * slots apart in the panel) 64 bytes apart. */
+typedef struct {
+  uint16_t a[GEMM_MR][AMX_K];
+  uint32_t b[2][AMX_ROWS][AMX_ROWS];
+} FN(amx_tail);
+
+static void FN(copy_tail)(const STORE *a_tail, int64_t tail, const uint32_t *const b[2],
+                          int64_t tail_pairs, FN(amx_tail) *out) {
+  memset(out, 0, sizeof *out);
+  for (int64_t i = 0; i < GEMM_MR; ++i) {
+    memcpy(out->a[i], a_tail + i * tail, (size_t)tail * sizeof(STORE));
+  }
+  for (int t = 0; t < 2; ++t) {
+    for (int64_t p = 0; p < tail_pairs; ++p) {
+      memcpy(out->b[t][p], b[t] + p * GEMM_NR, AMX_ROWS * sizeof(uint32_t));
+    }
+  }
+}
+
+/* The four C tiles over all of kc: A tiles from the tile-ready input panel a,
+ * B tiles b[0], b[1] (K-pair slots, rows NR slots apart); TILE_C00/TILE_C01 take rows
+ * 0-15 times b[0]/b[1], TILE_C10/TILE_C11 rows 16-31. */
+static void FN(multiply_tiles)(int64_t kc, const REAL *a, const uint32_t *const b[2]) {
+  const STORE *a_values = (const STORE *)a;
+  const int64_t whole = kc / AMX_K, b_stride = GEMM_NR * (int64_t)sizeof(uint32_t);
+  TILE_READS_MEMORY(); /* the packs, which the caller may have just written */
+  _tile_zero(TILE_C00);
+  _tile_zero(TILE_C01);
+  _tile_zero(TILE_C10);
+  _tile_zero(TILE_C11);
+  for (int64_t q = 0; q < whole; ++q) {
+    const STORE *a_q = a_values + q * GEMM_MR * AMX_K;
+    _tile_loadd(TILE_A0, a_q, AMX_BYTES);
+    _tile_loadd(TILE_A1, a_q + AMX_ROWS * AMX_K, AMX_BYTES);
+    _tile_loadd(TILE_B0, b[0] + q * AMX_ROWS * GEMM_NR, b_stride);
+    _tile_loadd(TILE_B1, b[1] + q * AMX_ROWS * GEMM_NR, b_stride);
+    _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
+    _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
+    _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
+    _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+  }
+  const int64_t tail = kc - whole * AMX_K;
+  if (tail == 0) return;
+  const uint32_t *b_tail[2] = {b[0] + whole * AMX_ROWS * GEMM_NR,
+                               b[1] + whole * AMX_ROWS * GEMM_NR};
+  FN(amx_tail) padded;
+  FN(copy_tail)(a_values + whole * GEMM_MR * AMX_K, tail, b_tail, (tail + 1) / 2, &padded);
+  TILE_READS_MEMORY();
+  _tile_loadd(TILE_A0, padded.a[0], AMX_BYTES);
+  _tile_loadd(TILE_A1, padded.a[AMX_ROWS], AMX_BYTES);
+  _tile_loadd(TILE_B0, padded.b[0], AMX_BYTES);
+  _tile_loadd(TILE_B1, padded.b[1], AMX_BYTES);
+  _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
+  _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
+  _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
+  _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+}
+
+/* Adds bias (NV vectors, cols of them inside) to rows [0, rows) of the
+ * float tile t (NV vectors a row), saving them to pre (when set), then
+ * applies the activation in place. */
+static void FN(finish_float_tile)(REAL *t, int nv, int64_t rows, int64_t cols,
+                                  const STORE *bias, STORE *pre, int64_t pre_stride,
+                                  fmlp_activation activation) {
+  vreal start[GEMM_NV];
+  for (int v = 0; v < nv; ++v) {
+    start[v] = bias != NULL
+                   ? vs_load_first(bias + v * FMLP_SIMD_WIDTH, FN(lanes_inside)(cols, v))
+                   : v_zero();
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int v = 0; v < nv; ++v) {
+      REAL *at = t + (i * nv + v) * FMLP_SIMD_WIDTH;
+      const vreal x = v_add(v_load(at), start[v]);
+      v_store(at, x);
+      if (pre != NULL) {
+        vs_store_first(pre + i * pre_stride + v * FMLP_SIMD_WIDTH, x, FN(lanes_inside)(cols, v));
+      }
+    }
+  }
+  FN(activate_vectors)((vreal *)t, (int)rows * nv, activation);
+}
+
+/* The tile-ready input panel a (MR rows) times the K-pair weight panel b (NR
+ * columns) over all of K, into the row-major tile c (rows x cols of it). */
+static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *restrict b,
+                                STORE *c, int64_t ldc, int64_t rows, int64_t cols,
+                                const FN(tile_epilogue) *ep) {
+  _Alignas(64) REAL t[GEMM_MR][GEMM_NR];
+  const uint32_t *b_slots = (const uint32_t *)b;
+  const uint32_t *const halves[2] = {b_slots, b_slots + AMX_ROWS};
+  const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
+  FN(configure_tiles)();
+  FN(multiply_tiles)(kc, a, halves);
+  _tile_stored(TILE_C00, &t[0][0], t_stride);
+  _tile_stored(TILE_C01, &t[0][AMX_ROWS], t_stride);
+  _tile_stored(TILE_C10, &t[AMX_ROWS][0], t_stride);
+  _tile_stored(TILE_C11, &t[AMX_ROWS][AMX_ROWS], t_stride);
+  _tile_release();
+  FN(finish_float_tile)(&t[0][0], GEMM_NV, rows, cols, ep->bias, ep->pre, ep->pre_stride,
+                        ep->activation);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int v = 0; v < GEMM_NV; ++v) {
+      vs_store_first(c + i * ldc + v * FMLP_SIMD_WIDTH, v_load(&t[i][v * FMLP_SIMD_WIDTH]),
+                     FN(lanes_inside)(cols, v));
+    }
+  }
+}
+
+/* Gate and up over the MR rows of a tile-ready input panel, GATED_NR
+ * columns (b_gate, b_up: their first column in the K-pair weight panels), in
+ * one pass over K: the two A tiles serve both. act(gate) * up is formed in
+ * float and rounded once at its store. */
+static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
+                                      const REAL *restrict b_gate, const REAL *restrict b_up,
+                                      int64_t rows, int64_t cols,
+                                      const FN(gated_tile_epilogue) *ep) {
+  _Alignas(64) REAL gate[GATED_MR][GATED_NR], up[GATED_MR][GATED_NR];
+  const uint32_t *const weights[2] = {(const uint32_t *)b_gate, (const uint32_t *)b_up};
+  const int64_t t_stride = GATED_NR * (int64_t)sizeof(REAL);
+  FN(configure_tiles)();
+  FN(multiply_tiles)(kc, a, weights);
+  _tile_stored(TILE_C00, &gate[0][0], t_stride);
+  _tile_stored(TILE_C01, &up[0][0], t_stride);
+  _tile_stored(TILE_C10, &gate[AMX_ROWS][0], t_stride);
+  _tile_stored(TILE_C11, &up[AMX_ROWS][0], t_stride);
+  _tile_release();
+  const int save = ep->save_gate_up;
+  FN(finish_float_tile)(&up[0][0], 1, rows, cols, ep->bias_up, save ? ep->up : NULL,
+                        ep->gate_up_stride, FMLP_ACT_NONE);
+  FN(finish_float_tile)(&gate[0][0], 1, rows, cols, ep->bias_gate, save ? ep->gate : NULL,
+                        ep->gate_up_stride, ep->activation);
+  for (int64_t i = 0; i < rows; ++i) {
+    vs_store_first(ep->product + i * ep->product_stride, v_mul(v_load(gate[i]), v_load(up[i])),
+                   cols);
+  }
+}

@@ -1,0 +1,51 @@
+/* K-pair panels of bfloat16 storage, the layout the bfloat16 dot-product
+ * instructions want (vdpbf16ps' second operand, an AMX tile's B operand):
+ * slot (p, i) of a panel `width` rows wide holds row i's values 2p and
+ * 2p + 1 (the first in the low half), zero past the rows or past K. A slot is
+ * 32 bits, the size of a REAL, so the packs keep gemm.h's REAL layout: a
+ * panel of k rows uses ceil(k / 2) of the k * width slots gemm.h gives it.
+ * Include after the AVX-512 SIMD and storage headers. */
+#include <stdint.h>
+
+_Static_assert(!STORE_IS_REAL, "the K-pair panels hold bfloat16 storage");
+_Static_assert(FMLP_SIMD_WIDTH == 16, "a K-pair vector is 16 slots of a zmm register");
+
+/* Row i's values 2p and 2p + 1 as one slot (zero past k). */
+static inline uint32_t FN(k_pair)(const STORE *row, int64_t cs, int64_t p, int64_t k) {
+  const uint32_t low = row[2 * p * cs];
+  const uint32_t high = 2 * p + 1 < k ? row[(2 * p + 1) * cs] : 0;
+  return low | high << 16;
+}
+
+/* A `width`-row K-pair panel of `count` rows of src (row stride rs, column
+ * stride cs), zero past count; dst as REAL slots (see above). Rows of unit
+ * column stride are already slots in a row: 16 x 16 blocks of them go through
+ * the float transpose, the odd pair at the end and other strides one slot at
+ * a time. */
+static void FN(pack_k_pairs)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
+                             int64_t width, int64_t k, REAL *dst) {
+  uint32_t *slots = (uint32_t *)dst;
+  const int64_t pairs = (k + 1) / 2, whole_pairs = cs == 1 ? k / 2 : 0;
+  int64_t p0 = 0;
+  for (; p0 + FMLP_SIMD_WIDTH <= whole_pairs; p0 += FMLP_SIMD_WIDTH) {
+    for (int64_t i0 = 0; i0 < width; i0 += FMLP_SIMD_WIDTH) {
+      const int64_t stored = width - i0 < FMLP_SIMD_WIDTH ? width - i0 : FMLP_SIMD_WIDTH;
+      vreal block[FMLP_SIMD_WIDTH];
+      for (int i = 0; i < FMLP_SIMD_WIDTH; ++i) {
+        block[i] = i0 + i < count ? _mm512_castsi512_ps(_mm512_loadu_si512(
+                                        src + (i0 + i) * rs + 2 * p0))
+                                  : v_zero();
+      }
+      v_transpose(block);
+      for (int t = 0; t < FMLP_SIMD_WIDTH; ++t) {
+        v_store_first((float *)(slots + (p0 + t) * width + i0), block[t], stored);
+      }
+    }
+  }
+  for (int64_t p = p0; p < pairs; ++p) {
+    for (int64_t i = 0; i < width; ++i) {
+      slots[p * width + i] = i < count ? FN(k_pair)(src + i * rs, cs, p, k) : 0;
+    }
+  }
+}
+
