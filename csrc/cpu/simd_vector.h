@@ -1,7 +1,7 @@
 /* The vector operations the float kernels are written in, for any CPU: GCC /
  * Clang vector extensions, 128 bits (4 floats) a vector, which the compiler
  * turns into NEON on aarch64, SSE2 on x86-64 and plain code where the target
- * has no vectors. Included by the vector-extension units (kernels_f32_vector.c,
+ * has no vectors. Included by the vector-extension units (kernels_f32_portable.c,
  * kernels_f32_neon.c), which are built without ISA flags.
  *
  * The unit defines FMLP_VECTOR_REGISTERS first: the vector registers of the

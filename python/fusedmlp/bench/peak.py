@@ -105,7 +105,7 @@ def _isa_flags() -> dict[str, tuple[str, ...]]:
 
 def fma_loop(isa: str) -> PeakLoop | None:
     """fp32 FMAs with the vectors of `isa`; None for an ISA built without flags (portable,
-    vector, neon), which has no x86 FMA loop to time."""
+    neon), which has no x86 FMA loop to time."""
     flags = _isa_flags().get(isa)
     return PeakLoop("fp32 FMA", flags) if flags else None
 
