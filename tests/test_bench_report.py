@@ -59,8 +59,17 @@ def registry(*extra: CpuIsa) -> tuple[CpuIsa, ...]:
 def test_fp32_peak_uses_the_flags_of_the_isa_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(peak, "cpu_isas", registry)
     assert peak.peak_loop(torch.float32, "avx512") == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
-    assert peak.peak_loop(torch.float32, "portable") is None  # no FMA loop to time
     assert peak.peak_loop(torch.float64, "avx512") is None
+
+
+def test_the_portable_peak_is_sse2_on_x86_64_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The portable float32 unit is SSE2 vectors on x86-64 (no FMA), plain code elsewhere."""
+    monkeypatch.setattr(peak, "cpu_isas", registry)
+    monkeypatch.setattr(peak.platform, "machine", lambda: "x86_64")
+    assert peak.peak_loop(torch.float32, "portable") == peak.SSE2_LOOP
+    assert peak.peak_loop(torch.float64, "portable") is None
+    monkeypatch.setattr(peak.platform, "machine", lambda: "aarch64")
+    assert peak.peak_loop(torch.float32, "portable") is None
 
 
 def test_bf16_peak_is_the_dot_product_only_at_the_level_that_runs_it(

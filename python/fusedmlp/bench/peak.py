@@ -1,12 +1,14 @@
 """The machine's peak throughput for the benchmarked dtype, measured: a tiny C loop of
 independent multiply-add chains (the physical limit for a CPU GEMM), compiled at bench time and
 run on as many threads as torch uses. float32 times fp32 FMAs with the flags of the instruction
-set the kernels use (from the kernel registry); bfloat16 times the AVX512-BF16 dot product
-(vdpbf16ps: 16 lanes x 2 products x 2 flops) on CPUs that have it, else fp32 FMAs, which bf16
-kernels then run on."""
+set the kernels use (from the kernel registry), or at the portable level on x86-64 SSE2's
+multiply then add (that unit's vectors: x86-64's baseline has no FMA); bfloat16 times the
+AVX512-BF16 dot product (vdpbf16ps: 16 lanes x 2 products x 2 flops) on CPUs that have it, else
+fp32 FMAs, which bf16 kernels then run on."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -30,6 +32,12 @@ typedef __m512 vec;
 #define BF16X32(bits) ((__m512bh)_mm512_set1_epi16(bits))
 #define OPERANDS __m512bh b = BF16X32(0x3f80), c = BF16X32(0x3380) /* 1.0, 2^-24 */
 #define STEP(a) _mm512_dpbf16_ps(a, b, c)
+#elif defined(PEAK_SSE2)
+typedef __m128 vec; /* SSE2, x86-64's baseline: no FMA, a multiply then an add */
+#define FLOPS_PER_STEP 8
+#define SET1 _mm_set1_ps
+#define OPERANDS vec b = SET1(1.0000001f), c = SET1(1e-7f)
+#define STEP(a) _mm_add_ps(_mm_mul_ps(a, b), c)
 #elif defined(__AVX512F__)
 typedef __m512 vec;
 #define FLOPS_PER_STEP 32
@@ -110,6 +118,17 @@ def fma_loop(isa: str) -> PeakLoop | None:
     return PeakLoop("fp32 FMA", flags) if flags else None
 
 
+PORTABLE_ISA = "portable"  # the registry's level built without flags
+SSE2_LOOP = PeakLoop("fp32 SSE2 mul+add", (), ("-DPEAK_SSE2",))
+
+
+def sse2_loop(isa: str) -> PeakLoop | None:
+    """SSE2 multiplies and adds (4 lanes, no FMA) for the portable level on x86-64, whose
+    float32 unit is the vector-extension kernel built without flags; else None."""
+    x86_64 = platform.machine().lower() in ("x86_64", "amd64")
+    return SSE2_LOOP if isa == PORTABLE_ISA and x86_64 else None
+
+
 def bf16_loop(isa: str) -> PeakLoop | None:
     """The AVX512-BF16 dot product, when `isa` is the registry's avx512_bf16 level (whose
     bfloat16 unit multiplies with it), built with that level's flags; else None."""
@@ -119,11 +138,11 @@ def bf16_loop(isa: str) -> PeakLoop | None:
 
 def peak_loop(dtype: torch.dtype, isa: str) -> PeakLoop | None:
     """The loop whose throughput bounds `dtype`'s GEMMs on this CPU running `isa`'s kernels,
-    or None where none is measured (float64, float16, ISAs without an FMA loop): bfloat16's
-    units multiply on FMAs except at avx512_bf16."""
+    or None where none is measured (float64, float16, neon and off-x86 portable): bfloat16's
+    units multiply on FMAs except at avx512_bf16 (its portable unit is scalar C)."""
     if dtype == torch.bfloat16:
         return bf16_loop(isa) or fma_loop(isa)
-    return fma_loop(isa) if dtype == torch.float32 else None
+    return (fma_loop(isa) or sse2_loop(isa)) if dtype == torch.float32 else None
 
 
 def measure_peak_gflops(loop: PeakLoop, threads: int) -> float | None:
