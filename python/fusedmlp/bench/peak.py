@@ -4,7 +4,7 @@ run on as many threads as torch uses. float32 times fp32 FMAs with the flags of 
 set the kernels use (from the kernel registry), or at the portable level on x86-64 SSE2's
 multiply then add (that unit's vectors: x86-64's baseline has no FMA); bfloat16 times the
 AVX512-BF16 dot product (vdpbf16ps: 16 lanes x 2 products x 2 flops) on CPUs that have it, else
-fp32 FMAs, which bf16 kernels then run on."""
+the float32 loop of the level, which bf16 kernels then run on."""
 
 from __future__ import annotations
 
@@ -124,7 +124,8 @@ SSE2_LOOP = PeakLoop("fp32 SSE2 mul+add", (), ("-DPEAK_SSE2",))
 
 def sse2_loop(isa: str) -> PeakLoop | None:
     """SSE2 multiplies and adds (4 lanes, no FMA) for the portable level on x86-64, whose
-    float32 unit is the vector-extension kernel built without flags; else None."""
+    float32 and bfloat16 units are the vector-extension kernel built without flags; else
+    None."""
     x86_64 = platform.machine().lower() in ("x86_64", "amd64")
     return SSE2_LOOP if isa == PORTABLE_ISA and x86_64 else None
 
@@ -139,9 +140,9 @@ def bf16_loop(isa: str) -> PeakLoop | None:
 def peak_loop(dtype: torch.dtype, isa: str) -> PeakLoop | None:
     """The loop whose throughput bounds `dtype`'s GEMMs on this CPU running `isa`'s kernels,
     or None where none is measured (float64, float16, neon and off-x86 portable): bfloat16's
-    units multiply on FMAs except at avx512_bf16 (its portable unit is scalar C)."""
+    units multiply on FMAs except at avx512_bf16, and like float32's at the portable level."""
     if dtype == torch.bfloat16:
-        return bf16_loop(isa) or fma_loop(isa)
+        return bf16_loop(isa) or fma_loop(isa) or sse2_loop(isa)
     return (fma_loop(isa) or sse2_loop(isa)) if dtype == torch.float32 else None
 
 
