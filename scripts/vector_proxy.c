@@ -57,7 +57,7 @@ static double run_once(int gated, int64_t rows, const float *x, const float *w[3
 }
 
 int main(void) {
-  static const char *const isas[2] = {"avx2", "vector"};
+  static const char *const isas[2] = {"avx2", "portable"};
   const int64_t rows = 1024;
   const float *x = filled(rows * DIM, 1);
   const float *w[3] = {filled(HIDDEN * DIM, 2), filled(HIDDEN * DIM, 3), filled(DIM * HIDDEN, 4)};
@@ -73,7 +73,7 @@ int main(void) {
       }
     }
     const double flops = 2.0 * (double)rows * DIM * HIDDEN * (gated ? 3 : 1);
-    printf("%s %lld rows: avx2 %.1f GFLOP/s, vector (256-bit) %.1f GFLOP/s, vector / avx2 %.2f\n",
+    printf("%s %lld rows: avx2 %.1f GFLOP/s, portable (256-bit) %.1f GFLOP/s, portable / avx2 %.2f\n",
            gated ? "gated" : "linear", (long long)rows, flops / best[0] / 1e9,
            flops / best[1] / 1e9, best[0] / best[1]);
   }

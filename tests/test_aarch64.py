@@ -1,9 +1,9 @@
 """The C kernel tests and the fuzzer cross-compiled for aarch64 (Debian's
-gcc-aarch64-linux-gnu) and run under qemu-user, so the NEON and vector levels are checked on
-an x86 machine. The kernel tests run once, for float (double runs portable C, which the native
-tests check and the fuzzer covers here), at the level the program picks from the (emulated)
+gcc-aarch64-linux-gnu) and run under qemu-user, so the NEON and portable levels are checked on
+an x86 machine. The kernel tests run once, for float (double runs scalar portable C, which the
+native tests check and the fuzzer covers here), at the level the program picks from the (emulated)
 CPU's HWCAP bits exactly as on a real ARM CPU (NEON); the fuzzer runs once per ARM level,
-forced with FUSEDMLP_ISA (the vector level is NEON's code with a 16-register tile). Speed
+forced with FUSEDMLP_ISA (portable float32 is NEON's code with a 16-register tile). Speed
 cannot be measured under emulation; these check correctness only, under UBSan (qemu-user
 cannot host AddressSanitizer). About 3 minutes on 2 busy cores, half of it compiling.
 

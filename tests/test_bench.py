@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from fusedmlp.bench.cases import CASES
-from fusedmlp.bench.peak import peak_loop
+from fusedmlp.bench.peak import measure_peak_gflops, peak_loop
 from fusedmlp.registry import cpu_isas
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,3 +101,16 @@ def test_bfloat16_gemm_cases_report_the_fraction_of_the_bf16_peak(tmp_path: Path
     if loop is not None:
         fraction = case["gflops"]["fused"] / machine["peak_gflops"]
         assert case["fused_peak_fraction"] == pytest.approx(fraction)
+
+
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64"), reason="SSE2 is x86-64's baseline"
+)
+def test_the_portable_float32_peak_is_sse2_multiply_then_add() -> None:
+    """The portable level's float32 unit runs SSE2 vectors, which have no FMA: its peak is a
+    multiply and an add a step, 4 lanes."""
+    loop = peak_loop(torch.float32, "portable")
+    assert loop is not None and loop.kind == "fp32 SSE2 mul+add"
+    assert peak_loop(torch.float64, "portable") is None
+    gflops = measure_peak_gflops(loop, threads=1)
+    assert gflops is not None and gflops > 0

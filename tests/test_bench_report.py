@@ -59,8 +59,19 @@ def registry(*extra: CpuIsa) -> tuple[CpuIsa, ...]:
 def test_fp32_peak_uses_the_flags_of_the_isa_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(peak, "cpu_isas", registry)
     assert peak.peak_loop(torch.float32, "avx512") == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
-    assert peak.peak_loop(torch.float32, "portable") is None  # no FMA loop to time
     assert peak.peak_loop(torch.float64, "avx512") is None
+
+
+def test_the_portable_peak_is_sse2_on_x86_64_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The portable float32 and bfloat16 units are SSE2 vectors on x86-64 (no FMA), plain
+    code elsewhere; float64's is scalar."""
+    monkeypatch.setattr(peak, "cpu_isas", registry)
+    monkeypatch.setattr(peak.platform, "machine", lambda: "x86_64")
+    for dtype in (torch.float32, torch.bfloat16):
+        assert peak.peak_loop(dtype, "portable") == peak.SSE2_LOOP
+    assert peak.peak_loop(torch.float64, "portable") is None
+    monkeypatch.setattr(peak.platform, "machine", lambda: "aarch64")
+    assert peak.peak_loop(torch.float32, "portable") is None
 
 
 def test_bf16_peak_is_what_the_level_in_use_multiplies_on(
@@ -79,7 +90,6 @@ def test_bf16_peak_is_what_the_level_in_use_multiplies_on(
     assert peak.peak_loop(torch.float32, "avx512_amx") == peak.PeakLoop("fp32 FMA", amx_flags)
     # below it the bfloat16 units multiply on FMAs
     assert peak.peak_loop(torch.bfloat16, "avx512") == peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
-    assert peak.peak_loop(torch.bfloat16, "portable") is None
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,

@@ -1,7 +1,8 @@
-"""Never slower than eager by default: on a CPU with no kernel level measured to beat eager
-(anything but x86 with AVX2), the ops' GEMMs run in ATen, each followed by our epilogue pass
-in the same op. This CPU has AVX2, so the tests take that path with FUSEDMLP_CPU_GEMM=aten,
-its epilogue at a forced level that is not measured to beat eager."""
+"""Never slower than eager by default, per dtype: where the kernel unit a dtype would run is
+not at a level measured to beat eager (every dtype on CPUs other than x86 with AVX2, and
+float64, whose only unit is the scalar portable one, everywhere), the ops' GEMMs run in ATen,
+each followed by our epilogue pass in the same op. On a CPU with AVX2 the tests take that path
+for float32 with FUSEDMLP_CPU_GEMM=aten, its epilogue at the forced portable level."""
 
 from __future__ import annotations
 
@@ -16,24 +17,42 @@ from fusedmlp.registry import cpu_gemm_in_aten, cpu_isas
 ISAS = {isa.name: isa for isa in cpu_isas()}
 
 
-@pytest.fixture(params=["portable", "vector"])
-def aten_path(request, monkeypatch) -> str:
-    monkeypatch.setenv("FUSEDMLP_ISA", request.param)
+@pytest.fixture
+def aten_path(monkeypatch) -> None:
+    monkeypatch.setenv("FUSEDMLP_ISA", "portable")
     monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
-    assert _C.cpu_isa() == f"aten+{request.param}"
+    assert _C.cpu_isa() == "aten+portable"
     assert cpu_gemm_in_aten()
-    return request.param
+
+
+def measured_level_here() -> bool:
+    """Whether this CPU has a level measured to beat eager (x86 with AVX2)."""
+    return "avx2" in ISAS and ISAS["avx2"].supported
 
 
 def test_the_default_path_and_what_forces_the_kernels(monkeypatch):
     monkeypatch.delenv("FUSEDMLP_ISA", raising=False)
     monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
     best = [isa.name for isa in ISAS.values() if isa.supported and not isa.forced_only][-1]
-    measured = "avx2" in ISAS and ISAS["avx2"].supported
-    assert _C.cpu_isa() == (best if measured else f"aten+{best}")
+    assert _C.cpu_isa() == (best if measured_level_here() else f"aten+{best}")
     monkeypatch.setenv("FUSEDMLP_ISA", "portable")  # a forced level runs our kernels
     assert _C.cpu_isa() == "portable"
     assert not cpu_gemm_in_aten()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_each_dtype_takes_the_path_of_the_unit_it_runs(monkeypatch, dtype, generator):
+    """float32 and bfloat16 run units at the measured level on a CPU with AVX2; float64 has
+    only its scalar portable unit, so its GEMMs run in ATen by default on every CPU."""
+    monkeypatch.delenv("FUSEDMLP_ISA", raising=False)
+    monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
+    x = sample(16, 32, generator=generator, dtype=dtype)
+    weight = sample(48, 32, generator=generator, dtype=dtype)
+    linear = lambda: fusedmlp.linear(x, weight, None, "gelu")  # noqa: E731
+    ours = measured_level_here() and dtype != torch.float64
+    assert gemms_inside("fusedmlp::linear", linear) == (0 if ours else 1)
+    monkeypatch.setenv("FUSEDMLP_ISA", "portable")  # a forced level runs our kernels
+    assert gemms_inside("fusedmlp::linear", linear) == 0
 
 
 def sample(*shape: int, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:

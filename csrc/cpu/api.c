@@ -70,14 +70,18 @@ static int valid_dtype(fmlp_dtype dtype) {
          kernel_units[dtype][FMLP_ISA_PORTABLE].chain != NULL;
 }
 
-/* The dtype's best unit at or below the ISA in use that this CPU supports
- * (valid dtypes only; PORTABLE always is). */
-static const precision_kernels *kernels_for(fmlp_dtype dtype) {
+fmlp_cpu_isa fmlp_cpu_unit_isa(fmlp_dtype dtype) {
+  if (!valid_dtype(dtype)) return FMLP_ISA_COUNT;
   int isa = (int)fmlp_cpu_isa_in_use();
   while (kernel_units[dtype][isa].chain == NULL || !fmlp_cpu_isa_supported((fmlp_cpu_isa)isa)) {
-    --isa;
+    --isa; /* stops at PORTABLE: every valid dtype has that unit, and every CPU runs it */
   }
-  return &kernel_units[dtype][isa];
+  return (fmlp_cpu_isa)isa;
+}
+
+/* The unit fmlp_cpu_unit_isa names (valid dtypes only). */
+static const precision_kernels *kernels_for(fmlp_dtype dtype) {
+  return &kernel_units[dtype][fmlp_cpu_unit_isa(dtype)];
 }
 
 static int valid_activation(fmlp_activation activation) {

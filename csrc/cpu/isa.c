@@ -107,15 +107,18 @@ fmlp_cpu_isa fmlp_cpu_isa_in_use(void) {
   return forced_isa(&isa) ? isa : fmlp_cpu_isa_best();
 }
 
-fmlp_cpu_gemm fmlp_cpu_gemm_in_use(void) {
+fmlp_cpu_gemm fmlp_cpu_gemm_in_use(fmlp_dtype dtype) {
   const char *gemm = getenv("FUSEDMLP_CPU_GEMM");
   if (gemm != NULL && strcmp(gemm, "aten") == 0) return FMLP_GEMM_HOST;
   fmlp_cpu_isa isa;
   if (forced_isa(&isa)) return FMLP_GEMM_KERNELS;
-  /* Any measured ISA the CPU has, not only its best: a later, unmeasured
-   * level above a measured one keeps the kernels. */
+  /* The unit this dtype runs, not the CPU's best level: a measured level
+   * speaks only for the units built for it (float64 on an AVX2 CPU still
+   * runs its portable unit), and an unmeasured level above a measured one
+   * runs the measured unit for dtypes it has no unit of. */
+  const fmlp_cpu_isa unit = fmlp_cpu_unit_isa(dtype);
 #define FMLP_BEATS_EAGER(id) \
-  if (fmlp_cpu_isa_supported(FMLP_ISA_##id)) return FMLP_GEMM_KERNELS;
+  if (unit == FMLP_ISA_##id) return FMLP_GEMM_KERNELS;
 #include "fusedmlp/cpu_isas.def"
   return FMLP_GEMM_HOST;
 }

@@ -1,7 +1,8 @@
 /* The vector operations the float kernels are written in, for any CPU: GCC /
  * Clang vector extensions, 128 bits (4 floats) a vector, which the compiler
  * turns into NEON on aarch64, SSE2 on x86-64 and plain code where the target
- * has no vectors. Included by the vector-extension units (kernels_f32_vector.c,
+ * has no vectors. Included by the vector-extension units (kernels_f32_portable.c,
+ * kernels_bf16_portable.c,
  * kernels_f32_neon.c), which are built without ISA flags.
  *
  * The unit defines FMLP_VECTOR_REGISTERS first: the vector registers of the
@@ -116,6 +117,41 @@ static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal othe
 static inline vreal v_select_less_equal(vreal a, vreal b, vreal if_true, vreal otherwise) {
   return v_select(a <= b, if_true, otherwise);
 }
+
+/* bfloat16 (its 16 bits, as bf16.h stores it) to float and back, a vector
+ * at a time, for the units with bfloat16 storage: widening is exact,
+ * narrowing rounds to nearest even and turns NaN into 0x7FC0, as bf16.h
+ * does. The first n go through a small buffer. */
+typedef uint16_t vbf16 __attribute__((vector_size(FMLP_VECTOR_BYTES / 2)));
+typedef uint32_t vbits __attribute__((vector_size(FMLP_VECTOR_BYTES)));
+static inline vreal v_load_bf16(const uint16_t *p) {
+  vbf16 h;
+  memcpy(&h, p, sizeof h);
+  return (vreal)(__builtin_convertvector(h, vbits) << 16);
+}
+/* v's bits rounded to the nearest bfloat16 (ties to even): the upper halves. */
+static inline vbits v_rounded_bf16_bits(vreal v) {
+  const vbits bits = (vbits)v;
+  const vbits rounded = bits + (((bits >> 16) & 1u) + 0x7FFFu);
+  const vbits number = (vbits)(v == v); /* all ones where v is not NaN */
+  return (rounded & number) | (0x7FC00000u & ~number);
+}
+static inline void v_store_bf16(uint16_t *p, vreal v) {
+  const vbf16 h = __builtin_convertvector(v_rounded_bf16_bits(v) >> 16, vbf16);
+  memcpy(p, &h, sizeof h);
+}
+static inline vreal v_load_first_bf16(const uint16_t *p, int64_t n) {
+  uint16_t lanes[FMLP_SIMD_WIDTH] = {0};
+  memcpy(lanes, p, (size_t)(n < FMLP_SIMD_WIDTH ? n : FMLP_SIMD_WIDTH) * sizeof(uint16_t));
+  return v_load_bf16(lanes);
+}
+static inline void v_store_first_bf16(uint16_t *p, vreal v, int64_t n) {
+  uint16_t lanes[FMLP_SIMD_WIDTH];
+  v_store_bf16(lanes, v);
+  memcpy(p, lanes, (size_t)(n < FMLP_SIMD_WIDTH ? n : FMLP_SIMD_WIDTH) * sizeof(uint16_t));
+}
+/* v rounded as a bfloat16 store would, kept as float */
+static inline vreal v_round_bf16(vreal v) { return (vreal)(v_rounded_bf16_bits(v) & 0xFFFF0000u); }
 
 static inline float v_sum(vreal a) {
 #if FMLP_SIMD_WIDTH == 8

@@ -103,7 +103,7 @@ struct CpuBackend {
     const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
     at::Tensor saved = at::empty({save ? layout.total : 0}, options);
     const fmlp_threading threading = aten_threading();
-    const bool host = fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST;
+    const bool host = fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST;
 
     // Under a profiler (and on the host-GEMM path), run layer by layer so each
     // layer gets its own event; otherwise one call runs row blocks through
@@ -173,7 +173,7 @@ struct CpuBackend {
     at::Tensor y = at::empty({rows, out_dim}, options);
     at::Tensor saved = at::empty({save ? 3 : 0, rows, hidden}, options);
     const fmlp_threading threading = aten_threading();
-    if (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST) {
+    if (fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST) {
       const auto block = [&](int64_t i) {  // gate, up, product: saved, or scratch
         return save ? saved[i] : at::empty({rows, hidden}, options);
       };

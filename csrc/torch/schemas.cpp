@@ -80,7 +80,7 @@ static PyObject *device_dtypes(PyObject * /*module*/, PyObject * /*unused*/) {
 
 static PyObject *cpu_isa(PyObject * /*module*/, PyObject * /*unused*/) {
   const char *isa = fmlp_cpu_isa_name(fmlp_cpu_isa_in_use());
-  if (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST) return PyUnicode_FromFormat("aten+%s", isa);
+  if (fmlp_cpu_gemm_in_use(FMLP_F32) == FMLP_GEMM_HOST) return PyUnicode_FromFormat("aten+%s", isa);
   return PyUnicode_FromString(isa);
 }
 

@@ -319,8 +319,9 @@ static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act
   free(product);
 }
 
-/* Where GEMMs run: by default our kernels only on x86 with AVX2 (the levels measured to
- * beat eager); FUSEDMLP_CPU_GEMM=aten picks ATen's GEMM, FUSEDMLP_ISA our kernels. */
+/* Where GEMMs run: by default our kernels only for a dtype whose unit is at a level measured
+ * to beat eager (float32 and bfloat16 on x86 with AVX2), never for float64 (portable only);
+ * FUSEDMLP_CPU_GEMM=aten picks ATen's GEMM, FUSEDMLP_ISA our kernels. */
 static void test_gemm_path(tally *t) {
   const char *isa = getenv("FUSEDMLP_ISA"), *gemm = getenv("FUSEDMLP_CPU_GEMM");
   char *saved_isa = isa != NULL ? strdup(isa) : NULL;
@@ -333,11 +334,18 @@ static void test_gemm_path(tally *t) {
 #endif
   unsetenv("FUSEDMLP_ISA");
   unsetenv("FUSEDMLP_CPU_GEMM");
-  int ok = fmlp_cpu_gemm_in_use() == by_default;
+  int ok = fmlp_cpu_gemm_in_use(FMLP_F32) == by_default &&
+           fmlp_cpu_gemm_in_use(FMLP_BF16) == by_default &&
+           fmlp_cpu_gemm_in_use(FMLP_F64) == FMLP_GEMM_HOST &&
+           fmlp_cpu_unit_isa(FMLP_F64) == FMLP_ISA_PORTABLE &&
+           fmlp_cpu_unit_isa(FMLP_F16) == FMLP_ISA_COUNT &&
+           fmlp_cpu_gemm_in_use(FMLP_F16) == FMLP_GEMM_HOST;
   setenv("FUSEDMLP_ISA", "portable", 1);
-  ok = ok && fmlp_cpu_gemm_in_use() == FMLP_GEMM_KERNELS;
+  ok = ok && fmlp_cpu_gemm_in_use(FMLP_F32) == FMLP_GEMM_KERNELS &&
+       fmlp_cpu_gemm_in_use(FMLP_F64) == FMLP_GEMM_KERNELS &&
+       fmlp_cpu_unit_isa(FMLP_F32) == FMLP_ISA_PORTABLE;
   setenv("FUSEDMLP_CPU_GEMM", "aten", 1);
-  ok = ok && fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST;
+  ok = ok && fmlp_cpu_gemm_in_use(FMLP_F32) == FMLP_GEMM_HOST;
   saved_isa != NULL ? setenv("FUSEDMLP_ISA", saved_isa, 1) : unsetenv("FUSEDMLP_ISA");
   saved_gemm != NULL ? setenv("FUSEDMLP_CPU_GEMM", saved_gemm, 1) : unsetenv("FUSEDMLP_CPU_GEMM");
   free(saved_isa);

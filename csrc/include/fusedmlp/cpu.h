@@ -42,7 +42,7 @@ fmlp_cpu_isa fmlp_cpu_isa_best(void);
  * state. Each dtype runs its best kernel unit at or below this one. */
 fmlp_cpu_isa fmlp_cpu_isa_in_use(void);
 
-/* The registry's name of an instruction set: "portable", "vector", "avx2"... */
+/* The registry's name of an instruction set: "portable", "neon", "avx2"... */
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa);
 
 /* Where the CPU ops' matrix products run: our kernels, or the host
@@ -50,13 +50,21 @@ const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa);
  * (fmlp_cpu_activation_forward, fmlp_cpu_gated_product). */
 typedef enum { FMLP_GEMM_KERNELS = 0, FMLP_GEMM_HOST = 1 } fmlp_cpu_gemm;
 
-/* FMLP_GEMM_HOST when the environment variable FUSEDMLP_CPU_GEMM is "aten";
- * else FMLP_GEMM_KERNELS when FUSEDMLP_ISA names an ISA the CPU supports (it
- * forces our kernels) or the CPU supports an ISA the registry lists as
+/* The instruction set of the kernel unit that dtype runs: its best unit at
+ * or below fmlp_cpu_isa_in_use() that this CPU supports (float64 has only
+ * PORTABLE); FMLP_ISA_COUNT for a dtype the CPU kernels do not take.
+ * Computed on each call, like fmlp_cpu_isa_in_use. */
+fmlp_cpu_isa fmlp_cpu_unit_isa(fmlp_dtype dtype);
+
+/* Where dtype's matrix products run: FMLP_GEMM_HOST when the environment
+ * variable FUSEDMLP_CPU_GEMM is "aten"; else FMLP_GEMM_KERNELS when
+ * FUSEDMLP_ISA names an ISA the CPU supports (it forces our kernels) or the
+ * unit dtype runs (fmlp_cpu_unit_isa) is at an ISA the registry lists as
  * measured to beat eager (FMLP_BEATS_EAGER); else FMLP_GEMM_HOST: never
- * slower than eager by default. Computed on each call, like
+ * slower than eager by default, per dtype (float64, whose only unit is
+ * portable, takes the host GEMM on every CPU). Computed on each call, like
  * fmlp_cpu_isa_in_use. */
-fmlp_cpu_gemm fmlp_cpu_gemm_in_use(void);
+fmlp_cpu_gemm fmlp_cpu_gemm_in_use(fmlp_dtype dtype);
 
 /* Runs fn over the task range [0, n_tasks), split into chunks that may run
  * concurrently. The kernels never start threads themselves: the caller's

@@ -13,9 +13,9 @@ them), prints a table of medians and of fused's time over each other variant's, 
 variant's memory above its inputs and weights (the peak of one inference forward, and what a
 forward with autograd saves for backward), and writes bench.json and bench.png into --out.
 GEMM-bound cases also report GFLOP/s as a fraction of this machine's peak for the dtype,
-measured at the start by a small C loop (peak.py: fp32 FMA, or for bfloat16 what the level in
-use multiplies on: AMX tiles at avx512_amx, the AVX512-BF16 dot product at avx512_bf16) on as
-many threads as torch uses.
+measured at the start by a small C loop (peak.py: fp32 FMA; SSE2 multiply and add for float32
+at the portable level on x86-64; for bfloat16 what the level in use multiplies on: AMX tiles at
+avx512_amx, the AVX512-BF16 dot product at avx512_bf16) on as many threads as torch uses.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """The machine's peak throughput for the benchmarked dtype, measured: a tiny C loop of
 independent multiply-add chains (the physical limit for a CPU GEMM), compiled at bench time and
 run on as many threads as torch uses. float32 times fp32 FMAs with the flags of the instruction
-set the kernels use (from the kernel registry); bfloat16 times what its kernels multiply on at
-that level: AMX tiles at avx512_amx (tdpbf16ps: 16 x 16 x 32 products x 2 flops), the
-AVX512-BF16 dot product at avx512_bf16 (vdpbf16ps: 16 lanes x 2 products x 2 flops), else fp32
-FMAs."""
+set the kernels use (from the kernel registry), or at the portable level on x86-64 SSE2's
+multiply then add (that unit's vectors: x86-64's baseline has no FMA); bfloat16 times what its
+kernels multiply on at that level: AMX tiles at avx512_amx (tdpbf16ps: 16 x 16 x 32 products x
+2 flops), the AVX512-BF16 dot product at avx512_bf16 (vdpbf16ps: 16 lanes x 2 products x 2
+flops), else the float32 loop of the level, which bf16 kernels then run on."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -35,6 +37,12 @@ typedef __m512 vec;
 #define BF16X32(bits) ((__m512bh)_mm512_set1_epi16(bits))
 #define OPERANDS __m512bh b = BF16X32(0x3f80), c = BF16X32(0x3380) /* 1.0, 2^-24 */
 #define STEP(a) _mm512_dpbf16_ps(a, b, c)
+#elif defined(PEAK_SSE2)
+typedef __m128 vec; /* SSE2, x86-64's baseline: no FMA, a multiply then an add */
+#define FLOPS_PER_STEP 8
+#define SET1 _mm_set1_ps
+#define OPERANDS vec b = SET1(1.0000001f), c = SET1(1e-7f)
+#define STEP(a) _mm_add_ps(_mm_mul_ps(a, b), c)
 #elif defined(__AVX512F__)
 typedef __m512 vec;
 #define FLOPS_PER_STEP 32
@@ -152,9 +160,21 @@ def _isa_flags() -> dict[str, tuple[str, ...]]:
 
 def fma_loop(isa: str) -> PeakLoop | None:
     """fp32 FMAs with the vectors of `isa`; None for an ISA built without flags (portable,
-    vector, neon), which has no x86 FMA loop to time."""
+    neon), which has no x86 FMA loop to time."""
     flags = _isa_flags().get(isa)
     return PeakLoop("fp32 FMA", flags) if flags else None
+
+
+PORTABLE_ISA = "portable"  # the registry's level built without flags
+SSE2_LOOP = PeakLoop("fp32 SSE2 mul+add", (), ("-DPEAK_SSE2",))
+
+
+def sse2_loop(isa: str) -> PeakLoop | None:
+    """SSE2 multiplies and adds (4 lanes, no FMA) for the portable level on x86-64, whose
+    float32 and bfloat16 units are the vector-extension kernel built without flags; else
+    None."""
+    x86_64 = platform.machine().lower() in ("x86_64", "amd64")
+    return SSE2_LOOP if isa == PORTABLE_ISA and x86_64 else None
 
 
 def bf16_loop(isa: str) -> PeakLoop | None:
@@ -169,11 +189,12 @@ def bf16_loop(isa: str) -> PeakLoop | None:
 
 def peak_loop(dtype: torch.dtype, isa: str) -> PeakLoop | None:
     """The loop whose throughput bounds `dtype`'s GEMMs on this CPU running `isa`'s kernels,
-    or None where none is measured (float64, float16, ISAs without an FMA loop): bfloat16's
-    units multiply on FMAs except at the levels of BF16_LOOPS."""
+    or None where none is measured (float64, float16, neon and off-x86 portable): bfloat16's
+    units multiply on FMAs except at the levels of BF16_LOOPS, and like float32's at the
+    portable level."""
     if dtype == torch.bfloat16:
-        return bf16_loop(isa) or fma_loop(isa)
-    return fma_loop(isa) if dtype == torch.float32 else None
+        return bf16_loop(isa) or fma_loop(isa) or sse2_loop(isa)
+    return (fma_loop(isa) or sse2_loop(isa)) if dtype == torch.float32 else None
 
 
 def measure_peak_gflops(loop: PeakLoop, threads: int) -> float | None:
