@@ -8,16 +8,20 @@
 #include "gemm.h"
 #include "spin_wait.h"
 
-/* Row blocks run through every layer while the weights stay in cache, so a
- * block's activations never leave L2; larger weights get blocks of up to
- * a thread's share of the rows. Measured with one thread on Zen 4 (C harness):
- * 65536 x (64-128-128-64): 42.7 ms blocked vs 87.4 ms layer by layer, flat
- * for activation blocks of 32 KiB..1 MiB; 4096 x (1024^4), 12 MiB of
- * weights: blocked 243 ms vs 255 ms, so weights up to an L3's share stay
- * blocked. A single layer has no intermediates to keep (activation elems 0)
- * and takes large blocks, which re-read the weights less: 4096 x 1024 ->
- * 4096 GELU ran 193 ms in 48-row blocks, 184 ms in ~400-row ones. */
-#define CACHE_RESIDENT_WEIGHT_BYTES ((int64_t)16 << 20)
+/* Row blocks run through every layer while the weights stay in the L2, so a
+ * block's activations never leave it either; larger weights get blocks of up
+ * to a thread's share of the rows. Measured with one thread on Zen 4 (C
+ * harness): 65536 x (64-128-128-64): 42.7 ms blocked vs 87.4 ms layer by
+ * layer, flat for activation blocks of 32 KiB..1 MiB. Weights past the L2
+ * come from L3 once per block: on the Xeon (2 MiB L2; C harness, one thread's
+ * CPU time with the 2-thread row blocks, loaded machine, medians of 15) 2048
+ * x (1024^4) GELU, 12 MiB of weights, ran 147 ms in 240-row blocks against
+ * 171 ms in 48-row ones, and the forward of 256 x (512^3) ReLU saving for
+ * backward, 3 MiB, 4.62 against 5.10 ms (on Zen 4, 16 MiB, 4096 x (1024^4)
+ * had run 243 ms in small blocks, 255 ms layer by layer). A single layer has
+ * no intermediates to keep (activation elems 0) and takes large blocks, which
+ * re-read the weights less: 4096 x 1024 -> 4096 GELU ran 193 ms in 48-row
+ * blocks, 184 ms in ~400-row ones. */
 #define ACTIVATION_BLOCK_BYTES ((int64_t)256 << 10)
 #define TASKS_PER_THREAD 4
 #define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
@@ -34,7 +38,7 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
   const int64_t balanced = per_thread / TASKS_PER_THREAD / GEMM_MC * GEMM_MC;
   int64_t block = threads > 1 && balanced > GEMM_MC ? balanced : per_thread;
   if (activation_elems_per_row > 0 &&
-      weight_elems * (int64_t)sizeof(REAL) <= CACHE_RESIDENT_WEIGHT_BYTES) {
+      weight_elems * (int64_t)sizeof(REAL) <= fmlp_cpu_l2_bytes()) {
     const int64_t fit =
         ACTIVATION_BLOCK_BYTES / (activation_elems_per_row * (int64_t)sizeof(REAL));
     const int64_t aligned = fit / GEMM_MC * GEMM_MC;

@@ -3,11 +3,12 @@
  * packing and the micro-kernels this file drives).
  *
  * Goto/BLIS shape: the weight is packed into NR-wide column panels (in
- * parallel); for each NC x KC block of it, MC x KC blocks of the input are
- * packed into MR-tall row panels and a register-tiled micro-kernel updates an
- * MR x NR tile of the output. On the last K block the micro-kernel adds the
- * bias (started on the first), applies the activation and stores, so the
- * output is written once in its final form.
+ * parallel); MC x KC blocks of the input are packed into MR-tall row panels,
+ * and for each NC x KC block of the weight a register-tiled micro-kernel
+ * updates an MR x NR tile of the output. On the last K block the micro-kernel
+ * adds the bias (started on the first), applies the activation and stores, so
+ * the output is written once in its final form. The blocks are cut to the
+ * caches (choose_blocks).
  *
  * Small row counts skip packing the weight (it would cost as much as the
  * product): units with FMLP_TRANSPOSED_KERNELS then compute the transposed
@@ -15,6 +16,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "cache_sizes.h"
 #include "fusedmlp/cpu.h"
 #include "memory.h"
 
@@ -152,43 +154,79 @@ static void FN(fill_empty_product)(int64_t rows, int64_t n, const STORE *bias,
   }
 }
 
+/* The blocks of a product over K = k whose tiles read `weights` packed
+ * weights (2: gate and up). The micro-kernel's input panel (MR x kc) stays in
+ * L1 while it sweeps the weight block (nc x kc, a weight's share of half the
+ * L2), whose panels stream from L2; the input block (mc x kc) takes a quarter
+ * of the L2, so the weight blocks come from farther once per mc rows. K is
+ * cut into equal blocks of at most GEMM_KC. Measured on the Xeon (48 KiB
+ * L1d, 2 MiB L2; C harness, one thread's CPU time with the drivers' 2-thread
+ * row blocks, loaded machine, medians of 7-9 alternating runs): 2048 x (768
+ * -> 3072 -> 3072 -> 768) GELU ran 600-610 ms at kc 384-512 and nc 512-768,
+ * against 622-670 ms with the input panels streaming past a weight panel
+ * reused from L2 (kc 1024, nc 1024, mc 48: the blocks before) and 650-700 ms
+ * with the weight block at the whole L2 (kc 512 x nc 1024, kc 256 x nc 2048);
+ * with these blocks 480 x 3072 -> 3072 ran 79 ms against 89, 4096 x 1024 ->
+ * 4096 GELU 274 against 288, the GeGLU block at 1024 tokens 134 against 144. */
+typedef struct {
+  int64_t kc, mc, nc;
+} FN(blocks);
+
+static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights) {
+  const int64_t most_k = GEMM_KC, l2 = fmlp_cpu_l2_bytes(), elem = (int64_t)sizeof(REAL);
+  const int64_t n_k_blocks = k > most_k ? (k + most_k - 1) / most_k : 1;
+  const int64_t kc = k > 0 ? (k + n_k_blocks - 1) / n_k_blocks : 1;
+  const int64_t mc = l2 / 4 / elem / kc / GEMM_MR * GEMM_MR;
+  const int64_t nc = l2 / 2 / elem / weights / kc / GEMM_NR * GEMM_NR;
+  return (FN(blocks)){kc, mc > GEMM_MC ? mc : GEMM_MC, nc > GEMM_NR ? nc : GEMM_NR};
+}
+
 /* Elements of scratch one thread needs for gemm_rows over up to `rows` rows
  * with K up to max_k; -1 on overflow. Sized to the problem, not to the cache
  * blocks: a small call then gets a small buffer from the allocator's free
- * lists, not a fresh mmap with page faults. */
+ * lists, not a fresh mmap with page faults. An input block is at most mc x kc
+ * of some K's blocks: GEMM_MC rows, or a quarter of the L2. */
 static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
-  int64_t unpacked = 0, packed;
+  int64_t unpacked = 0, packed, most;
   if (rows <= GEMM_UNPACKED_MAX_ROWS && !fmlp_checked_mul(max_k, GEMM_NR, &unpacked)) return -1;
-  const int64_t mc = rows < GEMM_MC ? (rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR : GEMM_MC;
-  if (!fmlp_checked_mul(mc, max_k < GEMM_KC ? max_k : GEMM_KC, &packed)) return -1;
+  const int64_t kc = max_k < GEMM_KC ? max_k : GEMM_KC;
+  if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR, kc, &packed) ||
+      !fmlp_checked_mul(GEMM_MC, kc, &most)) {
+    return -1;
+  }
+  const int64_t l2_quarter = fmlp_cpu_l2_bytes() / 4 / (int64_t)sizeof(REAL);
+  if (most < l2_quarter) most = l2_quarter;
+  if (packed > most) packed = most;
   return unpacked > packed ? unpacked : packed;
 }
 
 /* The Goto/BLIS loops over a packed weight of n columns and K = k: for each
- * NC x KC weight block and MC x KC input block (packed here into
- * input_pack), every MR x NR tile goes to tile_fn with its packed input
- * panel, its first row and column, and its K block. */
+ * MC x KC input block (packed here into input_pack) and NC x KC block of the
+ * weights, every MR x NR tile goes to tile_fn with its packed input panel,
+ * its first row and column, and its K block; the tiles of an input panel
+ * run one after another (see choose_blocks). */
 typedef void (*FN(tile_fn))(const void *context, const REAL *a_panel, int64_t row, int64_t col,
                             int64_t pc, int64_t kc, int64_t rows, int64_t cols);
 
-_Static_assert(GEMM_NC % GEMM_NR == 0, "a weight panel's place is col / GEMM_NR");
-
 static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
-                              REAL *input_pack, FN(tile_fn) tile_fn, const void *context) {
+                              int64_t weights, REAL *input_pack, FN(tile_fn) tile_fn,
+                              const void *context) {
   const STORE *x_data = x.data;
-  for (int64_t jc = 0; jc < n; jc += GEMM_NC) {
-    const int64_t nc = n - jc < GEMM_NC ? n - jc : GEMM_NC;
-    for (int64_t pc = 0; pc < k; pc += GEMM_KC) {
-      const int64_t kc = k - pc < GEMM_KC ? k - pc : GEMM_KC;
-      for (int64_t ic = 0; ic < rows; ic += GEMM_MC) {
-        const int64_t mc = rows - ic < GEMM_MC ? rows - ic : GEMM_MC;
-        const fmlp_input block = {x_data + ic * x.row_stride, x.row_stride, x.col_stride};
-        FN(pack_input_block)(block, mc, pc, kc, input_pack);
-        for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
-          const int64_t cols = nc - jr < GEMM_NR ? nc - jr : GEMM_NR;
-          for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
-            tile_fn(context, input_pack + (ir / GEMM_MR) * kc * GEMM_MR, ic + ir, jc + jr, pc,
-                    kc, mc - ir < GEMM_MR ? mc - ir : GEMM_MR, cols);
+  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  for (int64_t ic = 0; ic < rows; ic += b.mc) {
+    const int64_t mc = rows - ic < b.mc ? rows - ic : b.mc;
+    const fmlp_input block = {x_data + ic * x.row_stride, x.row_stride, x.col_stride};
+    for (int64_t pc = 0; pc < k; pc += b.kc) {
+      const int64_t kc = k - pc < b.kc ? k - pc : b.kc;
+      FN(pack_input_block)(block, mc, pc, kc, input_pack);
+      for (int64_t jc = 0; jc < n; jc += b.nc) {
+        const int64_t nc = n - jc < b.nc ? n - jc : b.nc;
+        for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
+          const REAL *a_panel = input_pack + (ir / GEMM_MR) * kc * GEMM_MR;
+          const int64_t tile_rows = mc - ir < GEMM_MR ? mc - ir : GEMM_MR;
+          for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
+            tile_fn(context, a_panel, ic + ir, jc + jr, pc, kc, tile_rows,
+                    nc - jr < GEMM_NR ? nc - jr : GEMM_NR);
           }
         }
       }
@@ -240,7 +278,7 @@ static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w
     return;
   }
   const FN(linear_tiles) tiles = {w, bias, activation, c, pre, ldc, pre_stride};
-  FN(for_each_tile)(x, rows, n, k, input_pack, FN(linear_tile), &tiles);
+  FN(for_each_tile)(x, rows, n, k, 1, input_pack, FN(linear_tile), &tiles);
 }
 
 #if FMLP_GATED_KERNEL
@@ -295,6 +333,6 @@ static void FN(gemm_gated_rows)(fmlp_input x, int64_t rows, const FN(packed_weig
                                 REAL *input_pack) {
   const FN(gated_tiles) tiles = {gate_w, up_w, bias_gate, bias_up, activation,
                                  gate,   up,   product,   stride,  save_gate_up};
-  FN(for_each_tile)(x, rows, gate_w->n, gate_w->k, input_pack, FN(gated_tile), &tiles);
+  FN(for_each_tile)(x, rows, gate_w->n, gate_w->k, 2, input_pack, FN(gated_tile), &tiles);
 }
 #endif

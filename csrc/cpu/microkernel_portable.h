@@ -9,11 +9,10 @@
 #if !defined(GEMM_MR) || !defined(GEMM_NR)
 #error "a portable unit defines its tile, GEMM_MR x GEMM_NR"
 #endif
-/* K blocks; storage narrower than REAL would round the partial sums kept in
- * the output between them, so there K is one block. */
+/* The largest K block; storage narrower than REAL would round the partial
+ * sums kept in the output between K blocks, so there K is one block. */
 #define GEMM_KC (STORE_IS_REAL ? 256 : ((int64_t)1 << 40))
 #define GEMM_MC 64
-#define GEMM_NC 1024
 #define GEMM_UNPACKED_MAX_ROWS ((int64_t)0) /* the portable kernel always packs */
 #define FMLP_TRANSPOSED_KERNELS 0
 #define FMLP_GATED_KERNEL 0

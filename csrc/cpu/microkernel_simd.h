@@ -6,19 +6,21 @@
  * blocks), and the last K block activates them in registers before the one
  * store. Edge tiles use masked loads and stores: nothing outside the output
  * is read or written. */
+#include "cache_sizes.h"
 #include "tile.h"
 #include "vector_math.h"
 
 #if !defined(GEMM_MR) || !defined(GEMM_NR)
 #error "a SIMD unit defines its tile, GEMM_MR x GEMM_NR (a multiple of FMLP_SIMD_WIDTH)"
 #endif
-/* K blocks: partial sums between them live in the output, which storage
- * narrower than REAL would round, so such a unit runs the whole K at once
- * (the bf16 units: a and b panels then hold 2 bytes a value, and the 2 MiB
- * L2 of the CPUs with bfloat16 instructions holds them). */
-#define GEMM_KC (STORE_IS_REAL ? 1024 : ((int64_t)1 << 40))
+/* The largest K block: an MR-row input micro-panel in half the L1 data
+ * cache, where it stays while the weight panels stream past it (gemm.h).
+ * Partial sums between K blocks live in the output, which storage narrower
+ * than REAL would round, so such a unit runs the whole K at once (the bf16
+ * units). */
+#define GEMM_KC \
+  (STORE_IS_REAL ? fmlp_cpu_l1_k_block(GEMM_MR * (int64_t)sizeof(REAL)) : ((int64_t)1 << 40))
 #define GEMM_MC (GEMM_MR * 4)
-#define GEMM_NC (1024 / GEMM_NR * GEMM_NR) /* whole panels: a tile never straddles NC */
 /* Up to this many rows the weight is read in place rather than packed
  * (chosen with `python -m fusedmlp.bench`: packing a weight costs about as
  * much as multiplying it by this many rows). */

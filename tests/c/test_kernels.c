@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "cache_sizes.h"
 #include "fusedmlp/cpu.h"
 #include "memory.h"
 #include "reference.h"
@@ -625,6 +626,28 @@ static void test_invalid_arguments(tally *t) {
 /* test_kernels [f32]: with "f32", float only (the emulated aarch64 run, ~30x slower, where
  * double and bfloat16 run the portable C that the native run checks, and the fuzzer covers
  * it). */
+/* K just below, at and past the largest K block (GEMM_KC) of the float units,
+ * from the L1 for the SIMD tiles' input panels (6 and 12 rows of float: AVX2
+ * and AVX-512) and 256 for the portable one; K over several blocks with bias
+ * and activation (applied once, on the last block) and rows past one input
+ * block; the gated kernel and the backward's products (dW has K = rows) past
+ * one block. bfloat16 runs the whole K at once. */
+static void test_k_blocks(tally *t, fmlp_dtype dtype, const fmlp_threading *threading) {
+  const int64_t limits[] = {256, fmlp_cpu_l1_k_block(6 * (int64_t)sizeof(float)),
+                            fmlp_cpu_l1_k_block(12 * (int64_t)sizeof(float))};
+  const int64_t widths[3] = {19, 37, 23};
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; ++i) {
+    const int64_t k = limits[i];
+    for (int64_t d = -1; d <= 1; ++d) {
+      test_linear(t, dtype, 70, 40, k + d, (fmlp_activation)((i + d + 2) % FMLP_ACT_COUNT), 1,
+                  (int)(i % 2), threading);
+    }
+    test_linear(t, dtype, 400, 40, 3 * k + 1, FMLP_ACT_GELU, 1, 0, threading);
+    test_gated(t, dtype, 70, k + 1, 37, FMLP_ACT_SILU, threading);
+    test_chain_backward(t, dtype, k + 1, widths, FMLP_ACT_RELU, FMLP_ACT_GELU, 0, threading);
+  }
+}
+
 int main(int argc, char **argv) {
   tally t = {0, 0};
   const int last_dtype = argc > 1 && strcmp(argv[1], "f32") == 0 ? FMLP_F32 : FMLP_BF16;
@@ -646,7 +669,7 @@ int main(int argc, char **argv) {
     for (int act = 0; act < FMLP_ACT_COUNT; ++act) {
       test_linear(&t, (fmlp_dtype)dtype, 131, 1031, 263, (fmlp_activation)act, act % 2, act % 3 == 0, &chunked);
       test_linear(&t, (fmlp_dtype)dtype, 9, 13, 0, (fmlp_activation)act, act % 2, 0, &serial);
-      /* K past one cache block (1024), in place (<= 64 rows, row-major weight) and packed */
+      /* K past 1024, in place (<= 64 rows, row-major weight) and packed */
       test_linear(&t, (fmlp_dtype)dtype, 64, 37, 1100, (fmlp_activation)act, 1, 1, &serial);
       test_linear(&t, (fmlp_dtype)dtype, 100, 45, 1031, (fmlp_activation)act, act % 2, act % 2,
                   &chunked);
@@ -687,6 +710,7 @@ int main(int argc, char **argv) {
                                 act % 2 ? &serial : &chunked);
     }
     test_gated_block_backward(&t, (fmlp_dtype)dtype, 70, 33, 40, 17, FMLP_ACT_SILU, 0, &chunked);
+    test_k_blocks(&t, (fmlp_dtype)dtype, &chunked);
     const int64_t empty_rows_widths[3] = {3, 4, 2};
     test_chain_backward(&t, (fmlp_dtype)dtype, 0, empty_rows_widths, FMLP_ACT_GELU,
                         FMLP_ACT_NONE, 0, &serial);
