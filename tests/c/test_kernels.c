@@ -628,7 +628,7 @@ static void test_invalid_arguments(tally *t) {
  * it). */
 /* K just below, at and past the largest K block (GEMM_KC) of the float units,
  * from the L1 for the SIMD tiles' input panels (6 and 12 rows of float: AVX2
- * and AVX-512) and 256 for the portable one; K over several blocks with bias
+ * and AVX-512) and 256 for the scalar one (float64); K over several blocks with bias
  * and activation (applied once, on the last block) and rows past one input
  * block; the gated kernel and the backward's products (dW has K = rows) past
  * one block. bfloat16 runs the whole K at once. */
