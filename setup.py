@@ -213,7 +213,7 @@ def kernel_files() -> list[str]:
 
 
 def extensions(with_cuda: bool) -> list:
-    """fusedmlp._C (the schemas, autocast and the CPU kernels, linked to no CUDA library) and,
+    """fusedmlp._C (the schemas and the CPU kernels, linked to no CUDA library) and,
     with CUDA, fusedmlp._C_cuda (the CUDA kernels, registered when Python loads it)."""
     include_dirs = [str(ROOT / "csrc" / "include")]
     # torch adds the C++ standard it was built with. at::parallel_for is an inline OpenMP
@@ -226,7 +226,6 @@ def extensions(with_cuda: bool) -> list:
             [
                 "csrc/torch/schemas.cpp",
                 "csrc/torch/arguments.cpp",
-                "csrc/torch/autocast.cpp",
                 "csrc/torch/cpu.cpp",
             ],
             include_dirs=include_dirs,
