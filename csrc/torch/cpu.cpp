@@ -47,15 +47,12 @@ void *offset_data(const at::Tensor &buffer, int64_t offset) {
 
 // The host-GEMM path (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST, on CPUs where no
 // kernel level was measured to beat eager): out = x @ w.T (+ b) by ATen's GEMM,
-// through the dispatcher's aten::addmm.out / aten::mm.out only, so that the
-// stable ABI can express it too. out is contiguous, for the C epilogue pass
-// that follows in the same op.
+// through the dispatcher's aten::linear.out, which runs addmm.out with a bias and
+// mm.out without one. The stable ABI can call it (it cannot call addmm: its Scalar
+// arguments have no stable conversion). out is contiguous, for the C epilogue
+// pass that follows in the same op.
 void host_gemm(at::Tensor out, const at::Tensor &x, const at::Tensor &w, const at::Tensor &b) {
-  if (b.defined()) {
-    at::addmm_out(out, b, x, w.t());
-  } else {
-    at::mm_out(out, x, w.t());
-  }
+  at::linear_out(out, x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
 }
 
 // One layer on the host-GEMM path: out = act(x @ w.T + b); the GEMM writes into
