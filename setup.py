@@ -213,8 +213,11 @@ def kernel_files() -> list[str]:
 
 
 def extensions(with_cuda: bool) -> list:
-    """fusedmlp._C (the schemas, autocast and the CPU kernels, linked to no CUDA library) and,
-    with CUDA, fusedmlp._C_cuda (the CUDA kernels, registered when Python loads it)."""
+    """fusedmlp._C (the schemas and the CPU kernels, linked to no CUDA library) and,
+    with CUDA, fusedmlp._C_cuda (the CUDA kernels, registered when Python loads it).
+    Both use only CPython's limited API (torch's BuildExtension defines Py_LIMITED_API
+    for 3.10 and links no libtorch_python), so they are abi3 modules that any CPython from
+    3.10 on loads."""
     include_dirs = [str(ROOT / "csrc" / "include")]
     # torch adds the C++ standard it was built with. at::parallel_for is an inline OpenMP
     # region: without -fopenmp it silently runs on one thread. The libgomp this links is
@@ -226,13 +229,13 @@ def extensions(with_cuda: bool) -> list:
             [
                 "csrc/torch/schemas.cpp",
                 "csrc/torch/arguments.cpp",
-                "csrc/torch/autocast.cpp",
                 "csrc/torch/cpu.cpp",
             ],
             include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx_flags},
             extra_link_args=["-fopenmp"],
             depends=kernel_files(),
+            py_limited_api=True,
         )
     ]
     if not with_cuda:
@@ -249,6 +252,7 @@ def extensions(with_cuda: bool) -> list:
             extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O3", f"-I{include_dir}"]},
             extra_link_args=[f"-l:{name}" for name in lib_files],
             depends=kernel_files(),
+            py_limited_api=True,
         )
     )
     return modules
@@ -271,8 +275,20 @@ class BuildWithKernels(BuildExtension):
     def run(self) -> None:
         self.run_command("build_clib")
         super().run()
-        record = Path(self.get_ext_fullpath("fusedmlp._C")).parent / "_build.json"
-        record.write_text(json.dumps(self.build_record, indent=1) + "\n")
+        package = Path(self.get_ext_fullpath("fusedmlp._C")).parent
+        self.remove_other_builds(package)
+        (package / "_build.json").write_text(json.dumps(self.build_record, indent=1) + "\n")
+
+    def remove_other_builds(self, package: Path) -> None:
+        """Deletes each extension's files of another suffix beside the one just built (an
+        earlier _C.cpython-311-x86_64-linux-gnu.so beside _C.abi3.so): Python would import
+        the version-specific one first, and a stale _C_cuda would be loaded for a CUDA
+        module this build did not make."""
+        built = {Path(self.get_ext_fullpath(ext.name)).name for ext in self.extensions}
+        for name in ("_C", "_C_cuda"):
+            for path in package.glob(f"{name}.*.so"):
+                if path.name not in built:
+                    path.unlink()
 
 
 WITH_CUDA, NO_CUDA_REASON = cuda_build()
@@ -288,4 +304,6 @@ setup(
     libraries=kernel_libraries(),
     ext_modules=extensions(WITH_CUDA),
     cmdclass={"build_ext": BuildWithKernels},
+    # One wheel for every CPython from 3.10 on (the cp310-abi3 tag).
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

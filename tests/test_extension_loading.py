@@ -29,6 +29,18 @@ def test_cpu_module_links_no_cuda_library() -> None:
     assert needed and not [line for line in needed if "cuda" in line or "cublas" in line]
 
 
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs readelf")
+def test_cpu_module_is_abi3_and_needs_no_python_binding_library() -> None:
+    """Built against CPython's limited API: one file for every CPython from 3.10 on, linked
+    to no libtorch_python or libpython of one CPython version."""
+    assert fusedmlp._C.__file__.endswith(".abi3.so")
+    dynamic = subprocess.run(
+        ["readelf", "-d", fusedmlp._C.__file__], capture_output=True, text=True, check=True
+    ).stdout
+    needed = [line for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert needed and not [line for line in needed if "python" in line]
+
+
 def test_build_record_names_this_torch() -> None:
     record = _extension.build_record()
     assert _extension.release(record["torch"]) == _extension.release(torch.__version__)

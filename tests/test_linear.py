@@ -287,6 +287,22 @@ def test_autocast_cpu_like_nn_linear(generator):
     assert x.grad is not None and fused.weight.grad.dtype == torch.float32
 
 
+def test_autocast_casts_op_inputs_to_the_autocast_dtype(generator):
+    """The ops themselves (lists of tensors included) take the dtype of the enclosing
+    autocast, whichever it is; float64 inputs are left alone, as ATen's autocast does."""
+    x = torch.randn(3, 8, generator=generator)
+    weights = [torch.randn(6, 8, generator=generator), torch.randn(4, 6, generator=generator)]
+    biases = [torch.randn(6, generator=generator), torch.randn(4, generator=generator)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.ops.fusedmlp.mlp(x, weights, biases, "relu")
+        double = torch.ops.fusedmlp.linear(x.double(), weights[0].double(), None, "none")
+    assert y.dtype == torch.bfloat16 and double.dtype == torch.float64
+    expected = F.linear(F.relu(F.linear(x, weights[0], biases[0])), weights[1], biases[1])
+    torch.testing.assert_close(y.float(), expected, rtol=5e-2, atol=5e-2)
+    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(TypeError, match="Half"):
+        torch.ops.fusedmlp.linear(x, weights[0], None, "none")
+
+
 @requires_cuda
 def test_autocast_cuda_and_cuda_graphs(generator):
     fused = fusedmlp.FusedLinear(64, 32, activation="gelu").cuda()

@@ -1,6 +1,5 @@
 #include "arguments.h"
 
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/safe_numerics.h>
 
 namespace fusedmlp {
@@ -190,15 +189,6 @@ std::vector<int64_t> output_shape(const at::Tensor &x, int64_t out_features) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out_features;
   return shape;
-}
-
-at::Tensor as_output(const at::Tensor &y_rows, const at::Tensor &x) {
-  // Below the ADInplaceOrView key the reshape records no view base. An output that
-  // reads as a view makes FSDP2 warn on every call (an in-place op on a view would skip
-  // its pre-backward hook); y_rows is the kernel's own and dropped here, so nothing
-  // else aliases the storage.
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return y_rows.view(output_shape(x, y_rows.size(1)));
 }
 
 SavedChainLayout saved_chain_layout(int64_t rows, const std::vector<int64_t> &widths,

@@ -63,12 +63,13 @@ void check_gated_backward(const char *op, const at::Tensor &grad_y, const at::Te
 // x as rows x features: a view when strides allow, else a copy.
 at::Tensor as_rows(const at::Tensor &x);
 
-// The output shape (*, out_features) for an input of shape (*, in_features).
+// The output shape (*, out_features) for an input of shape (*, in_features). A
+// backend allocates the op's output in this shape and writes it through a
+// (rows, out_features) view, so that the output itself is no view (FSDP2 hooks
+// module outputs and warns on views: an in-place op on one would skip its
+// pre-backward hook) without reshaping below the ADInplaceOrView key (a guard the
+// stable ABI lacks).
 std::vector<int64_t> output_shape(const at::Tensor &x, int64_t out_features);
-
-// A kernel's fresh (rows, out_features) result as the op's output of shape
-// (*, out_features) for input x, without a copy and not a view: see arguments.cpp.
-at::Tensor as_output(const at::Tensor &y_rows, const at::Tensor &x);
 
 // Which saved tensors a training chain keeps, in order, in one flat buffer:
 // for each layer l, its pre-activation when its activation is not "none",

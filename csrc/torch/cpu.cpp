@@ -47,15 +47,12 @@ void *offset_data(const at::Tensor &buffer, int64_t offset) {
 
 // The host-GEMM path (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST, on CPUs where no
 // kernel level was measured to beat eager): out = x @ w.T (+ b) by ATen's GEMM,
-// through the dispatcher's aten::addmm.out / aten::mm.out only, so that the
-// stable ABI can express it too. out is contiguous, for the C epilogue pass
-// that follows in the same op.
+// through the dispatcher's aten::linear.out, which runs addmm.out with a bias and
+// mm.out without one. The stable ABI can call it (it cannot call addmm: its Scalar
+// arguments have no stable conversion). out is contiguous, for the C epilogue
+// pass that follows in the same op.
 void host_gemm(at::Tensor out, const at::Tensor &x, const at::Tensor &w, const at::Tensor &b) {
-  if (b.defined()) {
-    at::addmm_out(out, b, x, w.t());
-  } else {
-    at::mm_out(out, x, w.t());
-  }
+  at::linear_out(out, x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
 }
 
 // One layer on the host-GEMM path: out = act(x @ w.T + b); the GEMM writes into
@@ -90,7 +87,8 @@ void host_gemm_gated(const char *op, const at::Tensor &x, const std::array<at::T
 struct CpuBackend {
   static std::vector<at::ScalarType> dtypes() { return cpu_dtypes(); }
 
-  static TensorPair chain(const char *op, const at::Tensor &x_rows, at::TensorList weights,
+  static TensorPair chain(const char *op, const at::Tensor &x_rows,
+                          const std::vector<int64_t> &y_shape, at::TensorList weights,
                           at::TensorList biases, fmlp_activation hidden,
                           fmlp_activation final_activation, bool save) {
     const at::ScalarType storage = x_rows.scalar_type();
@@ -99,7 +97,7 @@ struct CpuBackend {
     std::vector<int64_t> widths = chain_widths(x_rows, weights);
     std::vector<at::Tensor> b(weights.size());
     for (size_t l = 0; l < weights.size(); ++l) b[l] = contiguous_bias(bias_at(biases, l));
-    at::Tensor y = at::empty({rows, widths.back()}, options);
+    const at::Tensor y = at::empty(y_shape, options), y_rows = y.view({rows, widths.back()});
     const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
     at::Tensor saved = at::empty({save ? layout.total : 0}, options);
     const fmlp_threading threading = aten_threading();
@@ -113,7 +111,7 @@ struct CpuBackend {
     for (int64_t first = 0; first < n_layers; first += per_layer ? 1 : n_layers) {
       const int64_t count = per_layer ? 1 : n_layers;
       const bool ends_chain = first + count == n_layers;
-      at::Tensor out = y;
+      at::Tensor out = y_rows;
       if (!ends_chain) {  // a single hidden layer: into saved, or a scratch tensor
         const int64_t offset = save ? layout.hidden_offset[first] : -1;
         out = offset >= 0 ? saved.narrow(0, offset, rows * widths[first + 1]).view({rows, -1})
@@ -160,7 +158,8 @@ struct CpuBackend {
     return {y, saved};
   }
 
-  static TensorPair gated(const char *op, const at::Tensor &x_rows, const at::Tensor &w_gate,
+  static TensorPair gated(const char *op, const at::Tensor &x_rows,
+                          const std::vector<int64_t> &y_shape, const at::Tensor &w_gate,
                           const at::Tensor &w_up, const at::Tensor &w_down,
                           const OptionalTensor &bias_gate, const OptionalTensor &bias_up,
                           const OptionalTensor &bias_down, fmlp_activation activation,
@@ -170,7 +169,7 @@ struct CpuBackend {
     const int64_t rows = x_rows.size(0), hidden = w_gate.size(0), out_dim = w_down.size(0);
     const at::Tensor bg = contiguous_bias(bias_gate), bu = contiguous_bias(bias_up),
                      bd = contiguous_bias(bias_down);
-    at::Tensor y = at::empty({rows, out_dim}, options);
+    const at::Tensor y = at::empty(y_shape, options), y_rows = y.view({rows, out_dim});
     at::Tensor saved = at::empty({save ? 3 : 0, rows, hidden}, options);
     const fmlp_threading threading = aten_threading();
     if (fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST) {
@@ -178,7 +177,7 @@ struct CpuBackend {
         return save ? saved[i] : at::empty({rows, hidden}, options);
       };
       host_gemm_gated(op, x_rows, {w_gate, w_up, w_down}, {bg, bu, bd}, activation,
-                      {block(0), block(1), block(2)}, y, threading);
+                      {block(0), block(1), block(2)}, y_rows, threading);
       return {y, saved};
     }
     // Under a profiler the block runs in two labelled stages (gate and up with their
@@ -200,8 +199,8 @@ struct CpuBackend {
         .bias_up = optional_data(bu),
         .bias_down = optional_data(bd),
         .activation = activation,
-        .y = y.data_ptr(),
-        .y_row_stride = y.stride(0),
+        .y = y_rows.data_ptr(),
+        .y_row_stride = y_rows.stride(0),
         .saved_gate = save ? saved[0].data_ptr() : nullptr,
         .saved_up = save ? saved[1].data_ptr() : nullptr,
         .saved_product = product.defined() ? product.data_ptr() : nullptr,
@@ -233,8 +232,8 @@ struct CpuBackend {
           .biases = &down_bias,
           .hidden_activation = FMLP_ACT_NONE,
           .final_activation = FMLP_ACT_NONE,
-          .y = y.data_ptr(),
-          .y_row_stride = y.stride(0),
+          .y = y_rows.data_ptr(),
+          .y_row_stride = y_rows.stride(0),
           .saved_pre = nullptr,
           .saved_hidden = nullptr,
       };

@@ -133,14 +133,16 @@ bool gate_up_batchable(const at::Tensor &wg, const at::Tensor &wu, const at::Ten
 struct CudaBackend {
   static std::vector<at::ScalarType> dtypes() { return cuda_dtypes(); }
 
-  static TensorPair chain(const char *op, const at::Tensor &x_rows, at::TensorList weights,
+  static TensorPair chain(const char *op, const at::Tensor &x_rows,
+                          const std::vector<int64_t> &y_shape, at::TensorList weights,
                           at::TensorList biases, fmlp_activation hidden,
                           fmlp_activation final_activation, bool save) {
     const c10::cuda::CUDAGuard device_guard(x_rows.device());
     const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
     const std::vector<int64_t> widths = chain_widths(x_rows, weights);
     const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
-    at::Tensor y = at::empty({rows, widths.back()}, x_rows.options());
+    const at::Tensor y = at::empty(y_shape, x_rows.options()),
+                     y_rows = y.view({rows, widths.back()});
     at::Tensor saved = at::empty({save ? layout.total : 0}, x_rows.options());
     int64_t max_hidden = 0;
     for (int64_t l = 0; l + 1 < n_layers; ++l) max_hidden = std::max(max_hidden, widths[l + 1]);
@@ -151,7 +153,7 @@ struct CudaBackend {
     for (int64_t l = 0; l < n_layers; ++l) {
       RECORD_FUNCTION(layer_label(op, l), std::vector<c10::IValue>());
       const bool last = l + 1 == n_layers;
-      at::Tensor out = y;
+      at::Tensor out = y_rows;
       if (!last) {
         const int64_t size = rows * widths[l + 1];
         out = (save ? saved.narrow(0, layout.hidden_offset[l], size)
@@ -167,7 +169,8 @@ struct CudaBackend {
     return {y, saved};
   }
 
-  static TensorPair gated(const char *op, const at::Tensor &x_rows, const at::Tensor &w_gate,
+  static TensorPair gated(const char *op, const at::Tensor &x_rows,
+                          const std::vector<int64_t> &y_shape, const at::Tensor &w_gate,
                           const at::Tensor &w_up, const at::Tensor &w_down,
                           const OptionalTensor &bias_gate, const OptionalTensor &bias_up,
                           const OptionalTensor &bias_down, fmlp_activation activation,
@@ -181,7 +184,8 @@ struct CudaBackend {
     // the product overwrites the gate in place.
     at::Tensor buffers = at::empty({save ? 3 : 2, rows, hidden}, x_rows.options());
     at::Tensor product = buffers[save ? 2 : 0];
-    at::Tensor y = at::empty({rows, w_down.size(0)}, x_rows.options());
+    const at::Tensor y = at::empty(y_shape, x_rows.options()),
+                     y_rows = y.view({rows, w_down.size(0)});
     const fmlp_cuda_env env = gemm_env(x_rows);
     {
       RECORD_FUNCTION(std::string(op) + ".gate_up", std::vector<c10::IValue>());
@@ -217,7 +221,8 @@ struct CudaBackend {
     {
       RECORD_FUNCTION(std::string(op) + ".down", std::vector<c10::IValue>());
       const fmlp_cuda_linear_args args = linear_args(
-          product, gemm_operand(w_down), bias_operand(bias_down), y, FMLP_ACT_NONE, nullptr);
+          product, gemm_operand(w_down), bias_operand(bias_down), y_rows, FMLP_ACT_NONE,
+          nullptr);
       check_status(fmlp_cuda_linear(&env, &args), op);
     }
     return {y, save ? buffers : at::empty({0, rows, hidden}, x_rows.options())};

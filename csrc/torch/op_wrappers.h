@@ -1,5 +1,5 @@
 // The ops' argument handling, shared by every backend: validate, flatten
-// (*, in) to rows, call the backend, restore the leading dimensions. A
+// (*, in) to rows, call the backend with the output's shape (*, out). A
 // Backend provides dtypes(), chain(), gated(), activation_backward() and
 // gated_backward().
 #pragma once
@@ -22,9 +22,8 @@ struct OpWrappers {
                               fmlp_activation hidden, fmlp_activation final_activation,
                               bool save) {
     check_chain(op, x, weights, biases, Backend::dtypes());
-    auto [y, saved] = Backend::chain(op, as_rows(x), weights, biases, hidden, final_activation,
-                                     save);
-    return {as_output(y, x), saved};
+    return Backend::chain(op, as_rows(x), output_shape(x, weights.back().size(0)), weights,
+                          biases, hidden, final_activation, save);
   }
 
   static TensorPair run_linear(const at::Tensor &x, const at::Tensor &weight,
@@ -72,9 +71,8 @@ struct OpWrappers {
     const char *op = "fusedmlp.gated_mlp";
     const fmlp_activation act = parse_activation(activation);
     check_gated(op, x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, Backend::dtypes());
-    auto [y, saved] = Backend::gated(op, as_rows(x), w_gate, w_up, w_down, bias_gate, bias_up,
-                                     bias_down, act, save);
-    return {as_output(y, x), saved};
+    return Backend::gated(op, as_rows(x), output_shape(x, w_down.size(0)), w_gate, w_up, w_down,
+                          bias_gate, bias_up, bias_down, act, save);
   }
 
   static at::Tensor gated_mlp(const at::Tensor &x, const at::Tensor &w_gate,

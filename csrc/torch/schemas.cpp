@@ -37,7 +37,8 @@ TORCH_LIBRARY(fusedmlp, m) {
 
 // fusedmlp._C is imported for the registrations above, and tells Python what
 // the registries hold (activations, instruction sets) and each device's dtypes,
-// so that Python never restates them.
+// so that Python never restates them. Only CPython's limited API (3.10) is used:
+// the module is built as abi3, one file for every CPython from 3.10 on.
 #include <Python.h>
 
 #include "arguments.h"
@@ -47,12 +48,12 @@ static PyObject *activations(PyObject * /*module*/, PyObject * /*unused*/) {
   PyObject *names = PyTuple_New(FMLP_ACT_COUNT);
   if (names == nullptr) return nullptr;
   for (Py_ssize_t i = 0; i < FMLP_ACT_COUNT; ++i) {
+    // PyTuple_SetItem steals name, even when it fails.
     PyObject *name = PyUnicode_FromString(fusedmlp::kActivationNames[i]);
-    if (name == nullptr) {
+    if (name == nullptr || PyTuple_SetItem(names, i, name) != 0) {
       Py_DECREF(names);
       return nullptr;
     }
-    PyTuple_SET_ITEM(names, i, name);
   }
   return names;
 }
@@ -64,11 +65,10 @@ static PyObject *dtype_names(const std::vector<at::ScalarType> &dtypes) {
   for (size_t i = 0; i < dtypes.size(); ++i) {
     const std::string_view name = c10::getDtypeNames(dtypes[i]).first;
     PyObject *item = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
-    if (item == nullptr) {
+    if (item == nullptr || PyTuple_SetItem(names, static_cast<Py_ssize_t>(i), item) != 0) {
       Py_DECREF(names);
       return nullptr;
     }
-    PyTuple_SET_ITEM(names, static_cast<Py_ssize_t>(i), item);
   }
   return names;
 }
@@ -105,11 +105,10 @@ static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
     PyObject *entry = Py_BuildValue("(sssOO)", fmlp_cpu_isa_name(e.isa), e.flags, features,
                                     fmlp_cpu_isa_supported(e.isa) ? Py_True : Py_False,
                                     fmlp_cpu_isa_forced_only(e.isa) ? Py_True : Py_False);
-    if (entry == nullptr) {
+    if (entry == nullptr || PyTuple_SetItem(result, i, entry) != 0) {
       Py_DECREF(result);
       return nullptr;
     }
-    PyTuple_SET_ITEM(result, i, entry);
   }
   return result;
 }

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from . import autograd, fake_kernels  # noqa: F401  (register the ops' Python parts)
+from . import autocast, autograd, fake_kernels  # noqa: F401  (register the ops' Python parts)
 from .activations import check_activation
 
 _ops = torch.ops.fusedmlp
