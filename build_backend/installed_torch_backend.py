@@ -23,7 +23,7 @@ from typing import Any
 from setuptools import build_meta
 from setuptools.build_meta import *  # noqa: F403  (the hooks not wrapped below)
 
-TORCH_REQUIREMENT = "torch>=2.4"  # as pyproject.toml's dependencies say
+TORCH_REQUIREMENT = "torch>=2.10"  # as pyproject.toml's dependencies say
 
 
 def installed_torch_site_dirs() -> list[str]:

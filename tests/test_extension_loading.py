@@ -106,7 +106,7 @@ def test_build_backend_requires_torch_only_where_none_is_installed(
     empty.mkdir()
     monkeypatch.setattr(installed_torch_backend.sysconfig, "get_path", lambda name: str(empty))
     monkeypatch.delenv("VIRTUAL_ENV", raising=False)
-    assert installed_torch_backend.torch_requirement() == ["torch>=2.4"]
+    assert installed_torch_backend.torch_requirement() == ["torch>=2.10"]
     # `python -m build` runs in its own environment: the activated one's torch is found.
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     venv_torch = tmp_path / "venv" / "lib" / version / "site-packages" / "torch"
