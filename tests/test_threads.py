@@ -3,7 +3,9 @@ torch.set_num_threads changes) give the same results as serial calls.
 
 The CPU kernels split rows into blocks (and, for few rows, columns into slices) whose
 arithmetic does not depend on the partition, and the backward's bias sums add fixed chunks in a
-fixed order, so outputs and gradients must be bit-identical whatever the thread count.
+fixed order, so outputs and gradients must be bit-identical whatever the thread count. That
+is a property of our kernels, not of ATen's GEMM (float64's default path, see
+test_cpu_gemm_path.py), so these tests force our kernels at the CPU's own level.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ from torch import Tensor
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 WORKERS = 4
 ROUNDS = 3
+
+
+@pytest.fixture(autouse=True)
+def our_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FUSEDMLP_ISA at the level in use: every dtype runs our kernels, none ATen's GEMM."""
+    monkeypatch.delenv("FUSEDMLP_ISA", raising=False)
+    level = fusedmlp._C.cpu_isa().removeprefix("aten+")
+    monkeypatch.setenv("FUSEDMLP_ISA", level)
 
 
 @dataclass

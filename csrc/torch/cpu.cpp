@@ -114,8 +114,9 @@ struct CpuBackend {
       at::Tensor out = y_rows;
       if (!ends_chain) {  // a single hidden layer: into saved, or a scratch tensor
         const int64_t offset = save ? layout.hidden_offset[first] : -1;
-        out = offset >= 0 ? saved.narrow(0, offset, rows * widths[first + 1]).view({rows, -1})
-                          : at::empty({rows, widths[first + 1]}, options);
+        const int64_t width = widths[first + 1];
+        out = offset >= 0 ? saved.narrow(0, offset, rows * width).view({rows, width})
+                          : at::empty({rows, width}, options);
       }
       std::vector<fmlp_input> w_inputs;
       std::vector<const void *> b_data;
@@ -145,9 +146,9 @@ struct CpuBackend {
                       std::vector<c10::IValue>());
       if (host) {
         const int64_t offset = save ? layout.pre_offset[first] : -1;
+        const int64_t width = widths[first + 1];
         const at::Tensor pre =
-            offset >= 0 ? saved.narrow(0, offset, rows * widths[first + 1]).view({rows, -1})
-                        : at::Tensor();
+            offset >= 0 ? saved.narrow(0, offset, rows * width).view({rows, width}) : at::Tensor();
         host_gemm_layer(op, input, weights[first], b[first], args.final_activation, pre, out,
                         threading);
       } else {
