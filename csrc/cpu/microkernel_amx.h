@@ -42,13 +42,49 @@
 _Static_assert(GEMM_NR == 2 * AMX_ROWS && GEMM_MR == 2 * AMX_ROWS, "2 x 2 C tiles");
 _Static_assert(GATED_NR == AMX_ROWS, "one C tile of gate and one of up per 16 rows");
 
+/* pack_tile_rows for rows next to each other (rs == 1: the transposed grad_pre
+ * a many-row backward's dW multiplies, where each tile row is a strided
+ * column): per 16 rows and whole 32 of K, the rows' 16 K-pairs (16 slots
+ * each, adjacent_k_pairs) go through the 32-bit transpose into 16 tile rows
+ * of 16 pairs; the K tail one value at a time. Element by element, the
+ * whole-32 blocks were 15% of a 256 x 512^3 bfloat16 training step's kernel
+ * samples (perf, one thread). */
+static void FN(pack_adjacent_tile_rows)(const STORE *src, int64_t cs, int64_t count,
+                                        int64_t width, int64_t kc, REAL *dst) {
+  STORE *out = (STORE *)dst;
+  const int64_t whole = kc / AMX_K * AMX_K, tail = kc - whole;
+  for (int64_t k0 = 0; k0 < whole; k0 += AMX_K) {
+    for (int64_t i0 = 0; i0 < width; i0 += AMX_ROWS) {
+      vreal block[AMX_ROWS];
+      for (int p = 0; p < AMX_ROWS; ++p) {
+        const STORE *low = src + (k0 + 2 * p) * cs + i0;
+        block[p] = _mm512_castsi512_ps(FN(adjacent_k_pairs)(low, low + cs, count - i0));
+      }
+      v_transpose(block);
+      const int64_t stored = width - i0 < AMX_ROWS ? width - i0 : AMX_ROWS;
+      for (int64_t t = 0; t < stored; ++t) {
+        v_store((float *)(out + k0 * width + (i0 + t) * AMX_K), block[t]);
+      }
+    }
+  }
+  for (int64_t i = 0; i < width && tail > 0; ++i) {
+    STORE *to = out + whole * width + i * tail;
+    for (int64_t kk = 0; kk < tail; ++kk) to[kk] = i < count ? src[i + (whole + kk) * cs] : 0;
+  }
+}
+
 /* An input panel of `width` (MR) rows over kc values of K, tile-ready: for
  * each whole 32 of K, a block of width rows x 32 values (an A tile's rows,
  * 64 bytes each, next to each other); then the last kc % 32 values of each
  * row, kc % 32 apart. Zero rows past count. As REAL slots it takes
- * width * kc / 2 of the width * kc that gemm.h gives it. */
+ * width * kc / 2 of the width * kc that gemm.h gives it. Rows next to each
+ * other (rs == 1) are packed by pack_adjacent_tile_rows above. */
 static void FN(pack_tile_rows)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
                                int64_t width, int64_t kc, REAL *dst) {
+  if (rs == 1 && cs != 1) {
+    FN(pack_adjacent_tile_rows)(src, cs, count, width, kc, dst);
+    return;
+  }
   STORE *out = (STORE *)dst;
   const int64_t whole = kc / AMX_K * AMX_K, tail = kc - whole;
   for (int64_t i = 0; i < width; ++i) {
