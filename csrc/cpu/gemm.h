@@ -213,6 +213,9 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
                               const void *context) {
   const STORE *x_data = x.data;
   const FN(blocks) b = FN(choose_blocks)(k, weights);
+#ifdef FMLP_MICROKERNEL_BEGIN
+  FMLP_MICROKERNEL_BEGIN(); /* state the micro-kernels share (AMX: the tile configuration) */
+#endif
   for (int64_t ic = 0; ic < rows; ic += b.mc) {
     const int64_t mc = rows - ic < b.mc ? rows - ic : b.mc;
     const fmlp_input block = {x_data + ic * x.row_stride, x.row_stride, x.col_stride};
@@ -232,6 +235,9 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
       }
     }
   }
+#ifdef FMLP_MICROKERNEL_END
+  FMLP_MICROKERNEL_END();
+#endif
 }
 
 typedef struct {

@@ -94,8 +94,9 @@ static void FN(pack_adjacent_rows)(const STORE *src, int64_t cs, int64_t count, 
 }
 
 /* pack_rows_k_major, with rows of unit column stride (the forward's operands)
- * transposed through registers, W x W at a time, and adjacent rows copied. */
-static void FN(pack_k_major)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
+ * transposed through registers, W x W at a time, and adjacent rows copied.
+ * (unused where the unit names its own packing and few-row path) */
+static __attribute__((unused)) void FN(pack_k_major)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
                              int64_t width, int64_t k, REAL *dst) {
   if (rs == 1 && cs != 1) {
     FN(pack_adjacent_rows)(src, cs, count, width, k, dst);
@@ -194,6 +195,9 @@ static __attribute__((unused)) void FN(microkernel_packed)(int64_t kc, const REA
   FN(store_tile)(acc, c, ldc, rows, cols);
 }
 
+/* The few-row kernels, unless the unit's micro-kernel header brings its own
+ * few-row path (FMLP_OWN_FEW_ROWS: the AMX unit's few_rows_amx.h). */
+#ifndef FMLP_OWN_FEW_ROWS
 /* The transposed product for small row counts, which skips packing the
  * weight: the tile's rows are weight rows read in place (w_rows[i], unit
  * stride along K), its columns are input rows packed K-major in b (nv
@@ -323,6 +327,8 @@ static void FN(dot_tile)(int64_t k, const STORE *const x_rows[DOT_MAX_ROWS],
   }
 }
 
+#endif /* FMLP_OWN_FEW_ROWS */
+
 /* ---- the gated micro-kernel: act(x @ Wg.T + bg) * (x @ Wu.T + bu) ---- */
 
 /* The unit's gated tile, GATED_MR input rows x GATED_NR weight columns, a
@@ -428,4 +434,6 @@ static __attribute__((unused)) void FN(microkernel_gated)(int64_t kc, const REAL
   }
 }
 
+#ifndef FMLP_OWN_FEW_ROWS
 #include "few_rows_simd.h"
+#endif
