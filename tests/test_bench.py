@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from fusedmlp.bench.cases import CASES
+from fusedmlp.bench.emulate import EMULATIONS, child_command, environment_matches
 from fusedmlp.bench.peak import measure_peak_gflops, peak_loop
 from fusedmlp.registry import cpu_isas
 
@@ -114,3 +115,40 @@ def test_the_portable_float32_peak_is_sse2_multiply_then_add() -> None:
     assert peak_loop(torch.float64, "portable") is None
     gflops = measure_peak_gflops(loop, threads=1)
     assert gflops is not None and gflops > 0
+
+
+def test_emulated_cpu_environment_is_the_childs_and_only_the_childs() -> None:
+    emulation = EMULATIONS["avx2"]
+    assert not environment_matches(emulation, {"FUSEDMLP_ISA": "avx2"})
+    if "avx2" not in {isa.name for isa in cpu_isas() if isa.supported}:
+        with pytest.raises(SystemExit, match="--emulate-cpu avx2: this CPU lacks avx2"):
+            child_command(emulation, [], {})
+        return
+    command, environment = child_command(emulation, ["--quick", "--emulate-cpu", "avx2"],
+                                         {"PATH": "/bin", "FUSEDMLP_ISA": "avx512"})
+    assert command == [sys.executable, "-m", "fusedmlp.bench", "--quick", "--emulate-cpu", "avx2"]
+    assert environment["PATH"] == "/bin" and environment["FUSEDMLP_ISA"] == "avx2"
+    assert environment_matches(emulation, environment)
+
+
+@pytest.mark.skipif(not any(isa.name == "avx2" and isa.supported for isa in cpu_isas()),
+                    reason="emulating an AVX2 CPU takes a CPU with AVX2")
+def test_emulate_cpu_avx2_limits_fused_and_torch(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep reruns itself with fusedmlp, MKL, oneDNN and ATen limited to AVX2: the child's
+    kernels, torch's CPU capability and MKL's code path (its verbose banner) say AVX2, and the
+    peak is AVX2's FMA loop."""
+    monkeypatch.setenv("MKL_VERBOSE", "1")
+    result = run_bench(tmp_path, "--emulate-cpu", "avx2", "--cases", "large_gemm", "--no-compile")
+    machine = json.loads((tmp_path / "bench.json").read_text())["machine"]
+    assert machine["emulated_cpu"] == "avx2" and machine["cpu_isa"] == "avx2"
+    assert machine["torch_cpu_capability"] == "AVX2"
+    loop = peak_loop(torch.float32, "avx2")
+    assert loop is not None and loop.compile_flags == ("-mavx2", "-mfma")
+    assert machine["peak_kind"] in (loop.kind, None)  # None: no C compiler
+    assert ("emulated avx2 CPU: fused and eager both limited (FUSEDMLP_ISA=avx2, "
+            "MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2)"
+            in result.stdout)
+    if torch.backends.mkl.is_available():
+        banners = [line for line in result.stdout.splitlines() if "MKL_VERBOSE oneMKL" in line]
+        assert banners and all("(Intel(R) AVX2) enabled processors" in b for b in banners)

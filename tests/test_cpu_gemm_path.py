@@ -55,6 +55,31 @@ def test_each_dtype_takes_the_path_of_the_unit_it_runs(monkeypatch, dtype, gener
     assert gemms_inside("fusedmlp::linear", linear) == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cpu_isa_and_the_backward_follow_each_dtypes_path(monkeypatch, dtype, generator):
+    """_C.cpu_isa(dtype) says each dtype's path, and the backward takes it: float64's is
+    ATen's GEMMs around our pointwise ops by default, not our backward op on its scalar unit."""
+    monkeypatch.delenv("FUSEDMLP_ISA", raising=False)
+    monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
+    best = [isa.name for isa in ISAS.values() if isa.supported and not isa.forced_only][-1]
+    ours = measured_level_here() and dtype != torch.float64
+    assert _C.cpu_isa(str(dtype).removeprefix("torch.")) == (best if ours else f"aten+{best}")
+    assert cpu_gemm_in_aten(dtype) == (not ours)
+    x = sample(16, 32, generator=generator, dtype=dtype).requires_grad_()
+    weight = sample(48, 32, generator=generator, dtype=dtype).requires_grad_()
+    y = fusedmlp.linear(x, weight, None, "gelu")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y.sum().backward()
+    assert any(e.name == "fusedmlp::chain_backward" for e in prof.events()) == ours
+
+
+def test_cpu_isa_reports_float32_unless_told_and_names_a_bad_dtype(monkeypatch):
+    monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
+    assert _C.cpu_isa() == _C.cpu_isa("float32") and _C.cpu_isa().startswith("aten+")
+    with pytest.raises(ValueError, match="cpu_isa: dtype 'float16' is not one the CPU kernels"):
+        _C.cpu_isa("float16")
+
+
 def sample(*shape: int, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
     return (torch.randn(*shape, generator=generator) * shape[-1] ** -0.5).to(dtype)
 

@@ -3,9 +3,11 @@ dispatched and tested, and every activation name works in every op and matches P
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import fusedmlp
@@ -104,6 +106,38 @@ def test_every_isa_dispatches(monkeypatch, isa, dtype, generator):
     w = torch.randn(21, 29, generator=generator, dtype=dtype) * 29**-0.5
     y = fusedmlp.linear(x, w, None, "silu")
     assert_matches_reference(y, torch.nn.functional.silu(x.double() @ w.double().t()))
+
+
+CALLS_OPS = """
+import sys, torch, fusedmlp
+x, w = torch.randn(16, 32), torch.randn(48, 32)
+for _ in range(int(sys.argv[1])):
+    fusedmlp.linear(x, w, None, "gelu")
+"""
+
+
+def tile_data_requests(op_calls: int, tmp_path: Path) -> int:
+    """Linux's AMX grant requests (arch_prctl ARCH_REQ_XCOMP_PERM) a process making op_calls
+    CPU op calls sends, as strace sees them."""
+    trace = tmp_path / f"trace{op_calls}"
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSEDMLP_ISA", "FUSEDMLP_CPU_GEMM")}
+    env["PYTHONPATH"] = str(ROOT / "python")
+    result = subprocess.run(["strace", "-f", "-e", "trace=arch_prctl", "-o", str(trace),
+                             sys.executable, "-c", CALLS_OPS, str(op_calls)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    if result.returncode != 0 and "ptrace" in result.stderr:
+        pytest.skip(f"strace cannot trace here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    return trace.read_text().count("ARCH_REQ_XCOMP_PERM")
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+@pytest.mark.skipif(not any(isa.supported and "amx-tile" in isa.cpu_features
+                            for isa in cpu_isas()), reason="only AMX needs the OS's grant")
+def test_the_tile_data_grant_is_requested_once_not_per_op_call(tmp_path):
+    """Every op call checks which ISAs the CPU supports; the AMX grant is a system call, made
+    once per process (csrc/cpu/read_once.h), as the cache sizes are read once."""
+    assert tile_data_requests(50, tmp_path) == tile_data_requests(5, tmp_path)
 
 
 def test_the_activation_table_is_the_registry():

@@ -31,15 +31,25 @@ static int aarch64_has(const char *feature) { return strcmp(feature, "asimd") ==
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "read_once.h"
+
 /* Linux hands the AMX tile data state (8 KiB a thread) out per process, on
  * request (Documentation/arch/x86/xstate.rst): a CPU's AMX is usable only
- * once the kernel grants it. The grant is per process and asking again is
- * harmless, so each check asks, and no flag needs keeping. */
+ * once the kernel grants it. The grant lasts as long as the process, and
+ * every op call checks the ISAs (fmlp_cpu_isa_best): the request, a system
+ * call, is made once (1: granted, -1: refused). */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
+static int64_t request_tile_data(int unused) {
+  (void)unused;
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+}
+
+static atomic_llong tile_data_grant;
+
 static int os_grants(const char *feature) {
   return strcmp(feature, "amx-tile") != 0 ||
-         syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+         fmlp_read_once(&tile_data_grant, request_tile_data, 0) > 0;
 }
 #elif defined(__x86_64__) || defined(__i386__)
 /* Elsewhere: no AMX (no request to make), every other feature as CPUID says. */

@@ -15,5 +15,20 @@
  * than 2 x 16 (8 accumulators). */
 #define GATED_MR 6
 #define GATED_NR FMLP_SIMD_WIDTH
+/* Where the AVX2 kernels lose to the FMA peak (Sapphire Rapids-class Xeon,
+ * scripts/avx2_efficiency.py: one thread's CPU time against the peak timed
+ * before each run, machine loaded by other builds, so +-15% run to run):
+ * perf puts 95% of a 1-thread GeGLU call (8192 x 768 -> 3072 -> 768) in the
+ * two micro-kernels (63% gated, 32% the down projection's), packing ~1%,
+ * page clearing 2%; the micro-kernels over panels already in L1 reach about
+ * the same fraction of the peak (55-89%) as inside the whole call (46-75%).
+ * So the cache blocks are not the loss: with base and variant built side by
+ * side and alternating in one process, K blocks of 256 / 384 for the gated
+ * products (each 8-wide part then finds the other's weight lines in L1) ran
+ * 1.01-1.07x the time of 768, software prefetch of the weight panel 8 K
+ * steps ahead 0.98-1.01x, and K blocks of 256-512 for the down projection
+ * changed nothing beyond the noise. MKL's AVX2 sgemm
+ * (MKL_ENABLE_INSTRUCTIONS=AVX2, same process, same shapes) took 0.80-0.92x
+ * our packed products' time. */
 
 #endif /* FUSEDMLP_CPU_TILE_AVX2_H */

@@ -24,6 +24,9 @@ void check_status(fmlp_status status, const char *op) {
   TORCH_CHECK(status == FMLP_OK, op, ": CPU kernel failed: ", fmlp_status_string(status));
 }
 
+}  // namespace
+
+// Also fusedmlp._C.cpu_isa(dtype)'s (schemas.cpp).
 fmlp_dtype kernel_dtype(at::ScalarType storage) {
   switch (storage) {
     case at::kDouble: return FMLP_F64;
@@ -31,6 +34,8 @@ fmlp_dtype kernel_dtype(at::ScalarType storage) {
     default: return FMLP_F32;
   }
 }
+
+namespace {
 
 fmlp_input input_of(const at::Tensor &t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
 

@@ -41,6 +41,8 @@ TORCH_LIBRARY(fusedmlp, m) {
 // the module is built as abi3, one file for every CPython from 3.10 on.
 #include <Python.h>
 
+#include <algorithm>
+
 #include "arguments.h"
 #include "fusedmlp/cpu.h"
 
@@ -78,9 +80,25 @@ static PyObject *device_dtypes(PyObject * /*module*/, PyObject * /*unused*/) {
                        dtype_names(fusedmlp::cuda_dtypes()));
 }
 
-static PyObject *cpu_isa(PyObject * /*module*/, PyObject * /*unused*/) {
+namespace fusedmlp {
+fmlp_dtype kernel_dtype(at::ScalarType storage);  // cpu.cpp
+}
+
+static PyObject *cpu_isa(PyObject * /*module*/, PyObject *args) {
+  const char *dtype_name = "float32";
+  if (!PyArg_ParseTuple(args, "|s:cpu_isa", &dtype_name)) return nullptr;
+  const std::vector<at::ScalarType> dtypes = fusedmlp::cpu_dtypes();
+  const auto named = std::find_if(dtypes.begin(), dtypes.end(), [&](at::ScalarType dtype) {
+    return c10::getDtypeNames(dtype).first == dtype_name;
+  });
+  if (named == dtypes.end()) {
+    return PyErr_Format(PyExc_ValueError, "cpu_isa: dtype '%s' is not one the CPU kernels take",
+                        dtype_name);
+  }
   const char *isa = fmlp_cpu_isa_name(fmlp_cpu_isa_in_use());
-  if (fmlp_cpu_gemm_in_use(FMLP_F32) == FMLP_GEMM_HOST) return PyUnicode_FromFormat("aten+%s", isa);
+  if (fmlp_cpu_gemm_in_use(fusedmlp::kernel_dtype(*named)) == FMLP_GEMM_HOST) {
+    return PyUnicode_FromFormat("aten+%s", isa);
+  }
   return PyUnicode_FromString(isa);
 }
 
@@ -119,9 +137,10 @@ static const char kCpuIsaDoc[] =
     "The instruction set of the CPU kernels now, one of (best last):"
 #include "fusedmlp/cpu_isas.def"
     "; detection skips the forced-only ones (cpu_isas()), FUSEDMLP_ISA forces any one the CPU "
-    "supports. 'aten+<isa>': the ops' GEMMs run "
-    "in ATen, each followed by our epilogue pass at <isa> (the default on a CPU with no level "
-    "measured to beat eager, or FUSEDMLP_CPU_GEMM=aten).";
+    "supports. 'aten+<isa>': the ops' GEMMs in `dtype` (a name of device_dtypes()['cpu'], "
+    "float32 by default) run in ATen, each followed by our epilogue pass in the dtype's kernel "
+    "unit at or below <isa> (the default where that unit is at no level measured to beat eager, "
+    "or FUSEDMLP_CPU_GEMM=aten).";
 
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyMethodDef methods[] = {
@@ -129,7 +148,7 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
        "The activation names, in the order of the kernels' enum."},
       {"device_dtypes", device_dtypes, METH_NOARGS,
        "{device type: the names of the dtypes its kernels take}."},
-      {"cpu_isa", cpu_isa, METH_NOARGS, kCpuIsaDoc},
+      {"cpu_isa", cpu_isa, METH_VARARGS, kCpuIsaDoc},
       {"cpu_isas", cpu_isas, METH_NOARGS,
        "The registered instruction sets, lowest first: (name, compiler flags, CPU features, "
        "supported by this CPU, forced only: detection skips it) each."},

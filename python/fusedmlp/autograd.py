@@ -23,9 +23,9 @@ _ops = torch.ops.fusedmlp
 
 def _whole_backward_on_cpu(x: Tensor) -> bool:
     """Whether one fusedmlp::*_backward op runs the backward: on CPU, unless the backward
-    itself is being differentiated (create_graph=True) or the CPU's GEMMs run in ATen (then
-    the backward is ATen's GEMMs around our pointwise ops, as eager's is)."""
-    return x.is_cpu and not torch.is_grad_enabled() and not cpu_gemm_in_aten()
+    itself is being differentiated (create_graph=True) or the CPU's GEMMs in x's dtype run in
+    ATen (then the backward is ATen's GEMMs around our pointwise ops, as eager's is)."""
+    return x.is_cpu and not torch.is_grad_enabled() and not cpu_gemm_in_aten(x.dtype)
 
 
 def _chain_backward(

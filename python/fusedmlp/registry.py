@@ -35,8 +35,9 @@ def cpu_isas() -> tuple[CpuIsa, ...]:
     )
 
 
-def cpu_gemm_in_aten() -> bool:
-    """Whether the CPU ops' GEMMs run in ATen, each followed by our epilogue pass: the default
-    on a CPU with no kernel level measured to beat eager, or FUSEDMLP_CPU_GEMM=aten
-    (_C.cpu_isa() then says "aten+<isa>")."""
-    return _C.cpu_isa().startswith("aten+")
+def cpu_gemm_in_aten(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the CPU ops' GEMMs in `dtype` run in ATen, each followed by our epilogue pass:
+    the default where the dtype's kernel unit is at no level measured to beat eager (float64
+    everywhere, every dtype on a CPU without AVX2), or FUSEDMLP_CPU_GEMM=aten
+    (_C.cpu_isa(dtype) then says "aten+<isa>")."""
+    return _C.cpu_isa(str(dtype).removeprefix("torch.")).startswith("aten+")

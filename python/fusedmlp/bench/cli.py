@@ -2,7 +2,7 @@
 
     python -m fusedmlp.bench [--device cpu|cuda] [--dtype float32] [--quick] [--out DIR]
                              [--cases a,b] [--no-compile] [--no-compile-max]
-                             [--min-run-time S] [--threads N]
+                             [--min-run-time S] [--threads N] [--emulate-cpu avx2]
 
 Variants: eager, torch.compile (default mode), compile-max (inference cases only:
 torch.compile with mode="max-autotune" and Inductor freezing, which lets Inductor treat the
@@ -16,6 +16,8 @@ GEMM-bound cases also report GFLOP/s as a fraction of this machine's peak for th
 measured at the start by a small C loop (peak.py: fp32 FMA; SSE2 multiply and add for float32
 at the portable level on x86-64; for bfloat16 what the level in use multiplies on: AMX tiles at
 avx512_amx, the AVX512-BF16 dot product at avx512_bf16) on as many threads as torch uses.
+--emulate-cpu avx2 runs the sweep as an AVX2-only CPU would (emulate.py): our kernels and
+torch's (MKL, oneDNN, ATen) limited to AVX2, in a child process, against the AVX2 FMA peak.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import contextlib
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +46,13 @@ from fusedmlp.bench.cases import (
     inference_call,
     make_input,
     training_call,
+)
+from fusedmlp.bench.emulate import (
+    EMULATIONS,
+    check_in_effect,
+    child_command,
+    describe,
+    environment_matches,
 )
 from fusedmlp.bench.peak import measure_peak_gflops, peak_loop
 from fusedmlp.bench.report import VARIANTS, CaseResult, format_table, write_json, write_plot
@@ -74,6 +84,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds of timing per measurement (default 1, --quick 0.05)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads before timing (default: torch's)")
+    parser.add_argument("--emulate-cpu", choices=list(EMULATIONS), default=None,
+                        help="run as a CPU whose best level is this one: fused and eager "
+                             "(MKL, oneDNN, ATen) both limited to it")
     return parser.parse_args(argv)
 
 
@@ -189,7 +202,7 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
 
 
 def machine_description(args: argparse.Namespace) -> dict:
-    isa = _C.cpu_isa()
+    isa = _C.cpu_isa(args.dtype if args.device == "cpu" else "float32")
     threads = torch.get_num_threads()
     description = {
         "device": args.device,
@@ -201,6 +214,8 @@ def machine_description(args: argparse.Namespace) -> dict:
         "threads": threads,
         "peak_gflops": None,
         "peak_kind": None,  # what peak_gflops times: peak.PeakLoop.kind
+        "emulated_cpu": args.emulate_cpu,  # --emulate-cpu: torch limited to it too
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
     if args.device == "cuda":
         description["gpu"] = torch.cuda.get_device_name()
@@ -216,6 +231,13 @@ def machine_description(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.emulate_cpu is not None:
+        emulation = EMULATIONS[args.emulate_cpu]
+        if not environment_matches(emulation, os.environ):
+            command, environment = child_command(
+                emulation, sys.argv[1:] if argv is None else list(argv), os.environ)
+            return subprocess.run(command, env=environment).returncode
+        check_in_effect(emulation)
     require_matplotlib("python -m fusedmlp.bench")
     quiet_kineto()  # the memory columns run torch.profiler
     # Inductor's pool of compile worker processes would keep cores busy while we time.
@@ -237,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fusedmlp bench: {args.device} {args.dtype}, ISA {machine['cpu_isa']}, "
           f"{machine['threads']} threads, torch {machine['torch']}, measured "
           + (f"{machine['peak_kind']} peak {peak:.1f} GFLOP/s" if peak else "peak n/a"))
+    if args.emulate_cpu is not None:
+        print(describe(EMULATIONS[args.emulate_cpu]))
     print(format_table(results, peak))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "bench.json", machine, results)
