@@ -201,7 +201,9 @@ Tensor as_contiguous(const Tensor &t) {
   return t.is_contiguous() ? t : torch::stable::contiguous(t);
 }
 
-Tensor empty(IntList shape, const Tensor &like) { return torch::stable::new_empty(like, shape); }
+Tensor empty(IntList shape, const Tensor &like) {
+  return torch::stable::empty(shape, like.scalar_type(), std::nullopt, like.device());
+}
 
 Tensor as_rows(const Tensor &x) {
   // The row count is explicit: with 0 features, -1 would be ambiguous.
