@@ -98,7 +98,7 @@ void check_grad_y(const char *op, const Tensor &grad_y, const Tensor &x,
                   int64_t out_features) {
   check_same(op, "grad_y", grad_y, x);
   const std::vector<int64_t> shape = output_shape(x, out_features);
-  FMLP_CHECK(grad_y.sizes() == IntList(shape), op,
+  FMLP_CHECK(grad_y.sizes().equals(shape), op,
               ": grad_y must have the output's shape ", Shape{shape}, ", got ",
               Shape{grad_y.sizes()});
 }
@@ -193,7 +193,7 @@ void check_gated_backward(const char *op, const Tensor &grad_y, const Tensor &x,
   check_grad_y(op, grad_y, x, w_down.size(0));
   check_same(op, "saved", saved, x);
   const std::vector<int64_t> shape = {3, leading_rows(op, x), w_gate.size(0)};
-  FMLP_CHECK(saved.sizes() == IntList(shape), op, ": saved must have shape ", Shape{shape},
+  FMLP_CHECK(saved.sizes().equals(shape), op, ": saved must have shape ", Shape{shape},
         " (gate, up, product), got ", Shape{saved.sizes()});
 }
 

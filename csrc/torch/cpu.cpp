@@ -33,7 +33,7 @@ void check_status(fmlp_status status, const char *op) {
 class ProfilerLabel {
  public:
   explicit ProfilerLabel(const std::string &name) {
-    STABLE_TORCH_ERROR_CODE_CHECK(
+    TORCH_ERROR_CODE_CHECK(
         aoti_record_function_start(name.c_str(), nullptr, nullptr, 0, &guard_));
   }
   ~ProfilerLabel() { aoti_record_function_end(guard_); }
@@ -81,7 +81,7 @@ void host_gemm(const Tensor &out, const Tensor &x, const Tensor &w, const Option
   std::array<StableIValue, 4> stack{
       torch::stable::detail::from(x), torch::stable::detail::from(w),
       torch::stable::detail::from(b), torch::stable::detail::from(out)};
-  STABLE_TORCH_ERROR_CODE_CHECK(
+  TORCH_ERROR_CODE_CHECK(
       torch_call_dispatcher("aten::linear", "out", stack.data(), TORCH_ABI_VERSION));
 }
 

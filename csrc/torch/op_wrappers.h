@@ -101,7 +101,7 @@ struct OpWrappers {
                                   others) {
     check_dtype(op, grad_name, grad, Backend::dtypes());
     for (const auto &[name, t] : others) {
-      FMLP_CHECK(t->sizes() == grad.sizes(), op, ": ", name, " must have the shape of ",
+      FMLP_CHECK(t->sizes().equals(grad.sizes()), op, ": ", name, " must have the shape of ",
                  grad_name, ", ", Shape{grad.sizes()}, ", got ", Shape{t->sizes()});
       FMLP_CHECK(t->scalar_type() == grad.scalar_type(), op, ": ", name, " has dtype ",
                  t->scalar_type(), " but ", grad_name, " has dtype ", grad.scalar_type(),
