@@ -30,6 +30,9 @@ from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
+# The stable ABI version the torch layer targets: torch 2.10 (csrc/stable/version.h's
+# TORCH_VERSION_2_10_0, major << 56 | minor << 48).
+TORCH_TARGET_VERSION = "0x020A000000000000"
 
 
 def find_cuda_home() -> str | None:
@@ -219,10 +222,12 @@ def extensions(with_cuda: bool) -> list:
     for 3.10 and links no libtorch_python), so they are abi3 modules that any CPython from
     3.10 on loads."""
     include_dirs = [str(ROOT / "csrc" / "include")]
-    # torch adds the C++ standard it was built with. at::parallel_for is an inline OpenMP
-    # region: without -fopenmp it silently runs on one thread. The libgomp this links is
-    # the one torch has already loaded (same soname), so there is one OpenMP runtime.
-    cxx_flags = ["-O2", "-fopenmp"]
+    # torch adds the C++ standard it was built with. _C is compiled against LibTorch's
+    # stable ABI of torch 2.10 (the oldest supported), so that it loads under every torch
+    # from 2.10 on; with TORCH_TARGET_VERSION defined, torch's headers refuse to be included
+    # unless they are stable. _C_cuda also uses torch's CUDA context (cuBLASLt handle and
+    # workspace), which only the regular headers give: it is tied to its torch.
+    cxx_flags = ["-O2", f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"]
     modules = [
         CppExtension(
             "fusedmlp._C",
@@ -233,7 +238,6 @@ def extensions(with_cuda: bool) -> list:
             ],
             include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx_flags},
-            extra_link_args=["-fopenmp"],
             depends=kernel_files(),
             py_limited_api=True,
         )

@@ -3,9 +3,11 @@
 Builds one wheel with this interpreter's torch (or takes --wheel, built so earlier), then
 for each torch requirement given (one fresh virtual environment each, created under --venvs
 and kept for the next run) checks
-  1. the one wheel: `pip install --no-deps` it and import fusedmlp. Under the torch it was
-     built against it loads; under any other release import fails with the error naming
-     both torches and the rebuild command (the extension uses torch's C++ ABI);
+  1. the one wheel: `pip install --no-deps` it, import fusedmlp and run a CPU op. Its CPU
+     module uses LibTorch's stable ABI of torch 2.10, so it loads under every torch from
+     2.10 on. Its CUDA module uses torch's C++ ABI as well: under a CUDA build of torch it
+     loads only under the release it was built against, and elsewhere each CUDA call of an
+     op is given an error saying why (not loaded under a CPU-only torch at all);
   2. `pip install .` from the checkout, build isolation on, as a new user types it: it must
      compile against that environment's torch;
   3. the quick test subset (QUICK_TESTS: every op, autograd, torch.compile, the profiler,
@@ -43,6 +45,18 @@ QUICK_TESTS = [
     "opcheck or gradcheck or compile or profiler or autocast or bad_inputs",
 ]
 TEST_TOOLS = ["pytest", "hypothesis", "expecttest"]
+
+# Imports the installed fusedmlp, runs a CPU op and prints, last, what became of the CUDA
+# kernels: "loaded", "refused: <the reason a CUDA call raises>" or "not loaded" (CPU torch).
+WHEEL_PROBE = """
+import torch, fusedmlp
+from fusedmlp import _extension
+x, w = torch.randn(2, 3), torch.randn(4, 3)
+torch.testing.assert_close(fusedmlp.linear(x, w, None, "relu"), torch.relu(x @ w.T))
+reason = _extension.cuda_unavailable_reason(_extension.build_record())
+print("not loaded" if torch.version.cuda is None else
+      "loaded" if reason is None else f"refused: {reason}")
+"""
 
 
 @dataclass
@@ -111,14 +125,17 @@ def check(torch_requirement: str, wheel: Path, built_for: str, venvs: Path, log:
     pip = [str(python), "-m", "pip"]
 
     run([*pip, "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], log)
-    code, _, output = run([str(python), "-c", "import fusedmlp"], log)
-    same_release = row.torch_version.split("+")[0] == built_for.split("+")[0]
-    refused = "fusedmlp was built against torch" in output and "--no-build-isolation" in output
-    wheel_ok = code == 0 if same_release else (code != 0 and refused)
-    row.wheel = (
-        "loads" if code == 0 else ("import refused, naming both torches and the fix"
-                                   if refused else f"import failed: {last_line(output)}")
-    )
+    code, stdout, output = run([str(python), "-c", WHEEL_PROBE], log)
+    if code != 0:
+        row.wheel = f"import failed: {last_line(output)}"
+        wheel_ok = False
+    else:
+        cuda = last_line(stdout)
+        same_release = row.torch_version.split("+")[0] == built_for.split("+")[0]
+        has_cuda = "+cpu" not in row.torch_version
+        expected = ("loaded" if same_release else "refused") if has_cuda else "not loaded"
+        wheel_ok = cuda.startswith(expected)
+        row.wheel = f"loads, CPU op runs; CUDA kernels: {cuda}"
 
     code, _, output = run([*pip, "install", "-q", "--force-reinstall", "--no-deps", "."], log)
     install_ok = code == 0

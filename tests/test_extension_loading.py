@@ -47,14 +47,31 @@ def test_build_record_names_this_torch() -> None:
     assert record["cuda_module"] == (record["no_cuda_reason"] is None)
 
 
-def test_another_torch_release_is_refused_with_both_versions_and_the_fix() -> None:
-    record = {"torch": "1.13.1+cu117", "source": str(ROOT)}  # older than supported
-    with pytest.raises(ImportError) as error:
-        _extension.load_cpu_module(record)
-    message = str(error.value)
+def test_cpu_module_loads_under_another_torch_release() -> None:
+    # _C uses the stable ABI only: the release it was built against does not matter.
+    _extension.load_cpu_module({"torch": "2.10.0+cu128", "source": str(ROOT)})
+
+
+def test_a_cpu_module_that_cannot_load_names_both_torches_and_the_fix() -> None:
+    message = _extension.mismatch_message(
+        {"torch": "1.13.1+cu117", "source": str(ROOT)}, "loading it failed: undefined symbol"
+    )
     assert "built against torch 1.13.1+cu117" in message
     assert f"torch {torch.__version__} is installed" in message
     assert f"pip install --no-build-isolation --force-reinstall --no-deps {ROOT}" in message
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="torch without CUDA never loads _C_cuda")
+def test_cuda_module_of_another_torch_release_is_not_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = type("Spec", (), {"origin": "/nonexistent/_C_cuda.abi3.so"})()
+    monkeypatch.setattr(_extension.importlib.util, "find_spec", lambda name: spec)
+    reason = _extension.cuda_unavailable_reason({"torch": "2.10.0+cu128"})
+    assert reason == (
+        "its CUDA module was built against torch 2.10.0+cu128 and uses torch's C++ ABI, which "
+        f"changes between releases; torch {torch.__version__} is installed"
+    )
 
 
 def test_rebuild_command_without_the_source_says_where_it_goes() -> None:

@@ -1,16 +1,31 @@
 // Argument checking and shape translation shared by every backend of the
-// torch layer. No math lives here.
+// torch layer, written against LibTorch's stable ABI (torch::stable::Tensor), so
+// that fusedmlp._C loads under every torch from the one it targets on. No math
+// lives here.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/HeaderOnlyArrayRef.h>
 
 #include <array>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fusedmlp/fusedmlp.h"
 
 namespace fusedmlp {
+
+using Tensor = torch::stable::Tensor;
+using TensorList = torch::headeronly::HeaderOnlyArrayRef<Tensor>;
+using IntList = torch::headeronly::IntHeaderOnlyArrayRef;
+using ScalarType = torch::headeronly::ScalarType;
+using OptionalTensor = std::optional<Tensor>;
 
 // The activations' names, indexed by fmlp_activation: the registry
 // fusedmlp/activations.def.
@@ -20,48 +35,78 @@ inline constexpr std::array<const char *, FMLP_ACT_COUNT> kActivationNames = {
 };
 
 // The storage dtypes each device's kernels take (fusedmlp._C.device_dtypes()).
-inline std::vector<at::ScalarType> cpu_dtypes() { return {at::kFloat, at::kDouble, at::kBFloat16}; }
-inline std::vector<at::ScalarType> cuda_dtypes() { return {at::kFloat, at::kHalf, at::kBFloat16}; }
+inline std::vector<ScalarType> cpu_dtypes() {
+  return {ScalarType::Float, ScalarType::Double, ScalarType::BFloat16};
+}
+inline std::vector<ScalarType> cuda_dtypes() {
+  return {ScalarType::Float, ScalarType::Half, ScalarType::BFloat16};
+}
 
-// "none", "relu", ... -> enum; anything else is a ValueError naming the valid names.
-fmlp_activation parse_activation(c10::string_view name);
+// A size list as torch prints one: "[2, 3]".
+struct Shape {
+  IntList sizes;
+};
+std::ostream &operator<<(std::ostream &out, Shape shape);
+// A device as torch prints one: "cpu", "cuda:0".
+std::ostream &operator<<(std::ostream &out, const torch::stable::Device &device);
+std::ostream &operator<<(std::ostream &out, torch::headeronly::DeviceType type);
+
+// The stable ABI carries every exception from a kernel to Python as a RuntimeError
+// with its what(): thrown here with exactly the message, no prefix.
+template <class... Args>
+[[noreturn]] void fail(const Args &...args) {
+  std::ostringstream message;
+  (message << ... << args);
+  throw std::runtime_error(message.str());
+}
+
+// TORCH_CHECK's stable twin: the message is built only when the check fails.
+#define FMLP_CHECK(condition, ...) \
+  if (!(condition)) ::fusedmlp::fail(__VA_ARGS__)
+
+// "none", "relu", ... -> enum; anything else fails naming the valid names (the
+// Python front end raises that message as a ValueError before calling an op).
+fmlp_activation parse_activation(std::string_view name);
 
 // Validates a chain of layers (linear = one layer): ranks, feature sizes,
 // dtypes, devices. `op` names the caller in messages.
 // biases holds one bias per weight, or none.
-void check_chain(const char *op, const at::Tensor &x, at::TensorList weights,
-                 at::TensorList biases, const std::vector<at::ScalarType> &dtypes);
+void check_chain(const char *op, const Tensor &x, TensorList weights, TensorList biases,
+                 const std::vector<ScalarType> &dtypes);
 
-// t's dtype must be one of `dtypes` (those the backend computes in): a TypeError otherwise.
-void check_dtype(const char *op, const char *name, const at::Tensor &t,
-                 const std::vector<at::ScalarType> &dtypes);
+// t's dtype must be one of `dtypes` (those the backend computes in); the Python
+// front end raises the same message as a TypeError before calling an op.
+void check_dtype(const char *op, const char *name, const Tensor &t,
+                 const std::vector<ScalarType> &dtypes);
 
 // Layer l's bias, if the chain has biases.
-std::optional<at::Tensor> bias_at(at::TensorList biases, size_t layer);
+OptionalTensor bias_at(TensorList biases, size_t layer);
 
 // Validates the backward of a chain: x and weights as check_chain, grad_y of the
 // output's shape, saved of the length saved_chain_layout gives.
-void check_chain_backward(const char *op, const at::Tensor &grad_y, const at::Tensor &x,
-                          at::TensorList weights, const at::Tensor &saved,
-                          fmlp_activation hidden, fmlp_activation final_activation,
-                          const std::vector<at::ScalarType> &dtypes);
+void check_chain_backward(const char *op, const Tensor &grad_y, const Tensor &x,
+                          TensorList weights, const Tensor &saved, fmlp_activation hidden,
+                          fmlp_activation final_activation, const std::vector<ScalarType> &dtypes);
 
-void check_gated(const char *op, const at::Tensor &x, const at::Tensor &w_gate,
-                 const at::Tensor &w_up, const at::Tensor &w_down,
-                 const std::optional<at::Tensor> &bias_gate,
-                 const std::optional<at::Tensor> &bias_up,
-                 const std::optional<at::Tensor> &bias_down,
-                 const std::vector<at::ScalarType> &dtypes);
+void check_gated(const char *op, const Tensor &x, const Tensor &w_gate, const Tensor &w_up,
+                 const Tensor &w_down, const OptionalTensor &bias_gate,
+                 const OptionalTensor &bias_up, const OptionalTensor &bias_down,
+                 const std::vector<ScalarType> &dtypes);
 
 // Validates the backward of a gated block: x and weights as check_gated, grad_y of
 // the output's shape, saved of shape (3, rows, hidden).
-void check_gated_backward(const char *op, const at::Tensor &grad_y, const at::Tensor &x,
-                          const at::Tensor &w_gate, const at::Tensor &w_up,
-                          const at::Tensor &w_down, const at::Tensor &saved,
-                          const std::vector<at::ScalarType> &dtypes);
+void check_gated_backward(const char *op, const Tensor &grad_y, const Tensor &x,
+                          const Tensor &w_gate, const Tensor &w_up, const Tensor &w_down,
+                          const Tensor &saved, const std::vector<ScalarType> &dtypes);
 
 // x as rows x features: a view when strides allow, else a copy.
-at::Tensor as_rows(const at::Tensor &x);
+Tensor as_rows(const Tensor &x);
+
+// t itself when contiguous, else a contiguous copy.
+Tensor as_contiguous(const Tensor &t);
+
+// An uninitialised tensor of `like`'s dtype and device.
+Tensor empty(IntList shape, const Tensor &like);
 
 // The output shape (*, out_features) for an input of shape (*, in_features). A
 // backend allocates the op's output in this shape and writes it through a
@@ -69,7 +114,7 @@ at::Tensor as_rows(const at::Tensor &x);
 // module outputs and warns on views: an in-place op on one would skip its
 // pre-backward hook) without reshaping below the ADInplaceOrView key (a guard the
 // stable ABI lacks).
-std::vector<int64_t> output_shape(const at::Tensor &x, int64_t out_features);
+std::vector<int64_t> output_shape(const Tensor &x, int64_t out_features);
 
 // Which saved tensors a training chain keeps, in order, in one flat buffer:
 // for each layer l, its pre-activation when its activation is not "none",
@@ -82,7 +127,14 @@ struct SavedChainLayout {
 SavedChainLayout saved_chain_layout(int64_t rows, const std::vector<int64_t> &widths,
                                     fmlp_activation hidden, fmlp_activation final_activation);
 
-std::vector<int64_t> chain_widths(const at::Tensor &x, at::TensorList weights);
+std::vector<int64_t> chain_widths(const Tensor &x, TensorList weights);
+
+// Whether the ops on this thread run their layers (stages) one call each, each
+// under its own profiler label. The kernels asked at::hasCallbacks() whether a
+// profiler records; the stable ABI has no such query, and splitting always costs
+// small calls 4-13%, so Python sets this while a profiler records
+// (fusedmlp/profiling.py).
+bool &split_for_profiler();
 
 // Profiler label of one layer inside a multi-layer op.
 std::string layer_label(const char *op, int64_t layer);

@@ -1,9 +1,8 @@
 // CPU kernels of the fusedmlp ops: tensors to pointers and strides, ATen's
 // thread pool to the C kernels, which take every dtype here (bfloat16
-// included) as it is stored.
-#include <ATen/Parallel.h>
-#include <ATen/record_function.h>
-#include <torch/library.h>
+// included) as it is stored. Stable ABI only (torch/csrc/stable and the C shim):
+// the same binary serves every torch from TORCH_TARGET_VERSION on.
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
 #include <array>
 
@@ -13,40 +12,67 @@
 namespace fusedmlp {
 namespace {
 
+// ATen's pool through the stable ABI (torch_parallel_for): the pool torch itself
+// runs on, with no OpenMP compiled into this module.
 void aten_parallel_for(void * /*pool*/, int64_t n_tasks, void *context, fmlp_task_fn fn) {
-  at::parallel_for(0, n_tasks, 1, [&](int64_t begin, int64_t end) { fn(context, begin, end); });
+  torch::stable::parallel_for(0, n_tasks, 1,
+                              [&](int64_t begin, int64_t end) { fn(context, begin, end); });
 }
 
-fmlp_threading aten_threading() { return {aten_parallel_for, nullptr, at::get_num_threads()}; }
+fmlp_threading aten_threading() {
+  return {aten_parallel_for, nullptr, static_cast<int>(torch::stable::get_num_threads())};
+}
 
 void check_status(fmlp_status status, const char *op) {
-  TORCH_CHECK(status != FMLP_ERR_OUT_OF_MEMORY, op, ": out of memory");
-  TORCH_CHECK(status == FMLP_OK, op, ": CPU kernel failed: ", fmlp_status_string(status));
+  FMLP_CHECK(status != FMLP_ERR_OUT_OF_MEMORY, op, ": out of memory");
+  FMLP_CHECK(status == FMLP_OK, op, ": CPU kernel failed: ", fmlp_status_string(status));
 }
+
+// A profiler event (torch.profiler, record_function) named `name` for this scope,
+// through the C shim's RecordFunction.
+class ProfilerLabel {
+ public:
+  explicit ProfilerLabel(const std::string &name) {
+    TORCH_ERROR_CODE_CHECK(
+        aoti_record_function_start(name.c_str(), nullptr, nullptr, 0, &guard_));
+  }
+  ~ProfilerLabel() { aoti_record_function_end(guard_); }
+  ProfilerLabel(const ProfilerLabel &) = delete;
+  ProfilerLabel &operator=(const ProfilerLabel &) = delete;
+
+ private:
+  AtenRecordFunctionHandle guard_ = nullptr;
+};
 
 }  // namespace
 
 // Also fusedmlp._C.cpu_isa(dtype)'s (schemas.cpp).
-fmlp_dtype kernel_dtype(at::ScalarType storage) {
+fmlp_dtype kernel_dtype(ScalarType storage) {
   switch (storage) {
-    case at::kDouble: return FMLP_F64;
-    case at::kBFloat16: return FMLP_BF16;
+    case ScalarType::Double: return FMLP_F64;
+    case ScalarType::BFloat16: return FMLP_BF16;
     default: return FMLP_F32;
   }
 }
 
 namespace {
 
-fmlp_input input_of(const at::Tensor &t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
+fmlp_input input_of(const Tensor &t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
 
-const void *optional_data(const at::Tensor &t) { return t.defined() ? t.data_ptr() : nullptr; }
+const void *optional_data(const OptionalTensor &t) { return t.has_value() ? t->data_ptr() : nullptr; }
 
-at::Tensor contiguous_bias(const std::optional<at::Tensor> &bias) {
-  if (!bias.has_value()) return at::Tensor();
-  return bias->is_contiguous() ? *bias : bias->contiguous();
+OptionalTensor contiguous_bias(const OptionalTensor &bias) {
+  if (!bias.has_value()) return std::nullopt;
+  return as_contiguous(*bias);
 }
 
-void *offset_data(const at::Tensor &buffer, int64_t offset) {
+// rows x width at `offset` elements into the flat buffer `saved`.
+Tensor saved_rows(const Tensor &saved, int64_t offset, int64_t rows, int64_t width) {
+  Tensor buffer = saved;
+  return torch::stable::view(torch::stable::narrow(buffer, 0, offset, rows * width), {rows, width});
+}
+
+void *offset_data(const Tensor &buffer, int64_t offset) {
   return offset < 0 ? nullptr : static_cast<char *>(buffer.data_ptr()) + offset * buffer.element_size();
 }
 
@@ -56,17 +82,21 @@ void *offset_data(const at::Tensor &buffer, int64_t offset) {
 // mm.out without one. The stable ABI can call it (it cannot call addmm: its Scalar
 // arguments have no stable conversion). out is contiguous, for the C epilogue
 // pass that follows in the same op.
-void host_gemm(at::Tensor out, const at::Tensor &x, const at::Tensor &w, const at::Tensor &b) {
-  at::linear_out(out, x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
+void host_gemm(const Tensor &out, const Tensor &x, const Tensor &w, const OptionalTensor &b) {
+  std::array<StableIValue, 4> stack{
+      torch::stable::detail::from(x), torch::stable::detail::from(w),
+      torch::stable::detail::from(b), torch::stable::detail::from(out)};
+  TORCH_ERROR_CODE_CHECK(
+      torch_call_dispatcher("aten::linear", "out", stack.data(), TORCH_ABI_VERSION));
 }
 
 // One layer on the host-GEMM path: out = act(x @ w.T + b); the GEMM writes into
 // pre (the saved pre-activation) when it is defined, else into out, and our
 // epilogue pass activates from there into out.
-void host_gemm_layer(const char *op, const at::Tensor &x, const at::Tensor &w,
-                     const at::Tensor &b, fmlp_activation activation, const at::Tensor &pre,
-                     const at::Tensor &out, const fmlp_threading &threading) {
-  const at::Tensor &product = pre.defined() ? pre : out;
+void host_gemm_layer(const char *op, const Tensor &x, const Tensor &w,
+                     const OptionalTensor &b, fmlp_activation activation, const OptionalTensor &pre,
+                     const Tensor &out, const fmlp_threading &threading) {
+  const Tensor &product = pre.has_value() ? *pre : out;
   host_gemm(product, x, w, b);
   check_status(fmlp_cpu_activation_forward(kernel_dtype(out.scalar_type()), out.numel(),
                                            product.data_ptr(), activation, out.data_ptr(),
@@ -76,9 +106,9 @@ void host_gemm_layer(const char *op, const at::Tensor &x, const at::Tensor &w,
 
 // The gated block on the host-GEMM path: gate and up by ATen's GEMM into
 // block[0] and block[1], our pass block[2] = act(gate) * up, then y = down(block[2]).
-void host_gemm_gated(const char *op, const at::Tensor &x, const std::array<at::Tensor, 3> &w,
-                     const std::array<at::Tensor, 3> &b, fmlp_activation activation,
-                     const std::array<at::Tensor, 3> &block, const at::Tensor &y,
+void host_gemm_gated(const char *op, const Tensor &x, const std::array<Tensor, 3> &w,
+                     const std::array<OptionalTensor, 3> &b, fmlp_activation activation,
+                     const std::array<Tensor, 3> &block, const Tensor &y,
                      const fmlp_threading &threading) {
   host_gemm(block[0], x, w[0], b[0]);
   host_gemm(block[1], x, w[1], b[1]);
@@ -90,38 +120,38 @@ void host_gemm_gated(const char *op, const at::Tensor &x, const std::array<at::T
 }
 
 struct CpuBackend {
-  static std::vector<at::ScalarType> dtypes() { return cpu_dtypes(); }
+  static std::vector<ScalarType> dtypes() { return cpu_dtypes(); }
 
-  static TensorPair chain(const char *op, const at::Tensor &x_rows,
-                          const std::vector<int64_t> &y_shape, at::TensorList weights,
-                          at::TensorList biases, fmlp_activation hidden,
+  static TensorPair chain(const char *op, const Tensor &x_rows,
+                          const std::vector<int64_t> &y_shape, TensorList weights,
+                          TensorList biases, fmlp_activation hidden,
                           fmlp_activation final_activation, bool save) {
-    const at::ScalarType storage = x_rows.scalar_type();
-    const auto options = x_rows.options();
+    const ScalarType storage = x_rows.scalar_type();
+    const Tensor &options = x_rows;  // the dtype and device to allocate in
     const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
     std::vector<int64_t> widths = chain_widths(x_rows, weights);
-    std::vector<at::Tensor> b(weights.size());
+    std::vector<OptionalTensor> b(weights.size());
     for (size_t l = 0; l < weights.size(); ++l) b[l] = contiguous_bias(bias_at(biases, l));
-    const at::Tensor y = at::empty(y_shape, options), y_rows = y.view({rows, widths.back()});
+    const Tensor y = empty(y_shape, options),
+                 y_rows = torch::stable::view(y, {rows, widths.back()});
     const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
-    at::Tensor saved = at::empty({save ? layout.total : 0}, options);
+    Tensor saved = empty({save ? layout.total : 0}, options);
     const fmlp_threading threading = aten_threading();
     const bool host = fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST;
 
     // Under a profiler (and on the host-GEMM path), run layer by layer so each
     // layer gets its own event; otherwise one call runs row blocks through
     // every layer.
-    const bool per_layer = n_layers > 1 && (at::hasCallbacks() || host);
-    at::Tensor input = x_rows;
+    const bool per_layer = n_layers > 1 && (split_for_profiler() || host);
+    Tensor input = x_rows;
     for (int64_t first = 0; first < n_layers; first += per_layer ? 1 : n_layers) {
       const int64_t count = per_layer ? 1 : n_layers;
       const bool ends_chain = first + count == n_layers;
-      at::Tensor out = y_rows;
+      Tensor out = y_rows;
       if (!ends_chain) {  // a single hidden layer: into saved, or a scratch tensor
         const int64_t offset = save ? layout.hidden_offset[first] : -1;
         const int64_t width = widths[first + 1];
-        out = offset >= 0 ? saved.narrow(0, offset, rows * width).view({rows, width})
-                          : at::empty({rows, width}, options);
+        out = offset >= 0 ? saved_rows(saved, offset, rows, width) : empty({rows, width}, options);
       }
       std::vector<fmlp_input> w_inputs;
       std::vector<const void *> b_data;
@@ -147,13 +177,12 @@ struct CpuBackend {
           .saved_pre = pre_data.data(),
           .saved_hidden = hidden_data.data(),
       };
-      RECORD_FUNCTION(per_layer ? layer_label(op, first) : std::string(op),
-                      std::vector<c10::IValue>());
+      const ProfilerLabel label(per_layer ? layer_label(op, first) : std::string(op));
       if (host) {
         const int64_t offset = save ? layout.pre_offset[first] : -1;
         const int64_t width = widths[first + 1];
-        const at::Tensor pre =
-            offset >= 0 ? saved.narrow(0, offset, rows * width).view({rows, width}) : at::Tensor();
+        const OptionalTensor pre =
+            offset >= 0 ? OptionalTensor(saved_rows(saved, offset, rows, width)) : std::nullopt;
         host_gemm_layer(op, input, weights[first], b[first], args.final_activation, pre, out,
                         threading);
       } else {
@@ -164,23 +193,23 @@ struct CpuBackend {
     return {y, saved};
   }
 
-  static TensorPair gated(const char *op, const at::Tensor &x_rows,
-                          const std::vector<int64_t> &y_shape, const at::Tensor &w_gate,
-                          const at::Tensor &w_up, const at::Tensor &w_down,
+  static TensorPair gated(const char *op, const Tensor &x_rows,
+                          const std::vector<int64_t> &y_shape, const Tensor &w_gate,
+                          const Tensor &w_up, const Tensor &w_down,
                           const OptionalTensor &bias_gate, const OptionalTensor &bias_up,
                           const OptionalTensor &bias_down, fmlp_activation activation,
                           bool save) {
-    const at::ScalarType storage = x_rows.scalar_type();
-    const auto options = x_rows.options();
+    const ScalarType storage = x_rows.scalar_type();
+    const Tensor &options = x_rows;  // the dtype and device to allocate in
     const int64_t rows = x_rows.size(0), hidden = w_gate.size(0), out_dim = w_down.size(0);
-    const at::Tensor bg = contiguous_bias(bias_gate), bu = contiguous_bias(bias_up),
-                     bd = contiguous_bias(bias_down);
-    const at::Tensor y = at::empty(y_shape, options), y_rows = y.view({rows, out_dim});
-    at::Tensor saved = at::empty({save ? 3 : 0, rows, hidden}, options);
+    const OptionalTensor bg = contiguous_bias(bias_gate), bu = contiguous_bias(bias_up),
+                         bd = contiguous_bias(bias_down);
+    const Tensor y = empty(y_shape, options), y_rows = torch::stable::view(y, {rows, out_dim});
+    Tensor saved = empty({save ? 3 : 0, rows, hidden}, options);
     const fmlp_threading threading = aten_threading();
     if (fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST) {
       const auto block = [&](int64_t i) {  // gate, up, product: saved, or scratch
-        return save ? saved[i] : at::empty({rows, hidden}, options);
+        return save ? torch::stable::select(saved, 0, i) : empty({rows, hidden}, options);
       };
       host_gemm_gated(op, x_rows, {w_gate, w_up, w_down}, {bg, bu, bd}, activation,
                       {block(0), block(1), block(2)}, y_rows, threading);
@@ -188,9 +217,10 @@ struct CpuBackend {
     }
     // Under a profiler the block runs in two labelled stages (gate and up with their
     // product, then down); otherwise row blocks run through all of it in one call.
-    const bool staged = at::hasCallbacks();
-    const at::Tensor product =
-        save ? saved[2] : (staged ? at::empty({rows, hidden}, options) : at::Tensor());
+    const bool staged = split_for_profiler();
+    const OptionalTensor product =
+        save ? OptionalTensor(torch::stable::select(saved, 0, 2))
+             : (staged ? OptionalTensor(empty({rows, hidden}, options)) : std::nullopt);
     fmlp_cpu_gated_args args = {
         .dtype = kernel_dtype(storage),
         .rows = rows,
@@ -207,16 +237,16 @@ struct CpuBackend {
         .activation = activation,
         .y = y_rows.data_ptr(),
         .y_row_stride = y_rows.stride(0),
-        .saved_gate = save ? saved[0].data_ptr() : nullptr,
-        .saved_up = save ? saved[1].data_ptr() : nullptr,
-        .saved_product = product.defined() ? product.data_ptr() : nullptr,
+        .saved_gate = save ? torch::stable::select(saved, 0, 0).data_ptr() : nullptr,
+        .saved_up = save ? torch::stable::select(saved, 0, 1).data_ptr() : nullptr,
+        .saved_product = product.has_value() ? product->data_ptr() : nullptr,
     };
     if (!staged) {
       check_status(fmlp_cpu_gated(&args, &threading), op);
       return {y, saved};
     }
     {
-      RECORD_FUNCTION(std::string(op) + ".gate_up", std::vector<c10::IValue>());
+      const ProfilerLabel label(std::string(op) + ".gate_up");
       args.out_dim = 0;  // no down projection: stop at the product
       args.w_down = {nullptr, 0, 1};
       args.bias_down = nullptr;
@@ -224,7 +254,7 @@ struct CpuBackend {
       check_status(fmlp_cpu_gated(&args, &threading), op);
     }
     {
-      RECORD_FUNCTION(std::string(op) + ".down", std::vector<c10::IValue>());
+      const ProfilerLabel label(std::string(op) + ".down");
       const int64_t widths[2] = {hidden, out_dim};
       const fmlp_input down = input_of(w_down);
       const void *down_bias = optional_data(bd);
@@ -233,7 +263,7 @@ struct CpuBackend {
           .rows = rows,
           .n_layers = 1,
           .widths = widths,
-          .x = input_of(product),
+          .x = input_of(*product),
           .weights = &down,
           .biases = &down_bias,
           .hidden_activation = FMLP_ACT_NONE,
@@ -248,9 +278,9 @@ struct CpuBackend {
     return {y, saved};
   }
 
-  static at::Tensor activation_backward(const at::Tensor &grad, const at::Tensor &pre,
-                                        fmlp_activation activation) {
-    at::Tensor grad_pre = at::empty_like(grad);
+  static Tensor activation_backward(const Tensor &grad, const Tensor &pre,
+                                    fmlp_activation activation) {
+    Tensor grad_pre = torch::stable::empty_like(grad);
     const fmlp_threading threading = aten_threading();
     check_status(fmlp_cpu_activation_backward(kernel_dtype(grad.scalar_type()), grad.numel(),
                                               grad.data_ptr(), pre.data_ptr(), activation,
@@ -259,10 +289,10 @@ struct CpuBackend {
     return grad_pre;
   }
 
-  static TensorPair gated_backward(const at::Tensor &grad_product, const at::Tensor &gate,
-                                   const at::Tensor &up, fmlp_activation activation) {
-    const at::Tensor &g = grad_product;
-    at::Tensor grad_gate = at::empty_like(g), grad_up = at::empty_like(g);
+  static TensorPair gated_backward(const Tensor &grad_product, const Tensor &gate,
+                                   const Tensor &up, fmlp_activation activation) {
+    const Tensor &g = grad_product;
+    Tensor grad_gate = torch::stable::empty_like(g), grad_up = torch::stable::empty_like(g);
     const fmlp_threading threading = aten_threading();
     check_status(fmlp_cpu_gated_backward(kernel_dtype(g.scalar_type()), g.numel(), g.data_ptr(),
                                          gate.data_ptr(), up.data_ptr(), activation,
@@ -272,24 +302,22 @@ struct CpuBackend {
   }
 };
 
-// What a backward computes from: x as rows, grad_y as contiguous rows, the
-// saved buffer contiguous.
+// What a backward computes from: x (the dtype and device to allocate in), x as
+// rows, grad_y as contiguous rows, the saved buffer contiguous.
 struct BackwardInputs {
-  at::TensorOptions options;
-  at::Tensor x_rows, grad, saved;
+  Tensor options, x_rows, grad, saved;
 };
 
-BackwardInputs backward_inputs(const at::Tensor &x, const at::Tensor &grad_y,
-                               const at::Tensor &saved) {
-  return {x.options(), as_rows(x), as_rows(grad_y).contiguous(), saved.contiguous()};
+BackwardInputs backward_inputs(const Tensor &x, const Tensor &grad_y, const Tensor &saved) {
+  return {x, as_rows(x), as_contiguous(as_rows(grad_y)), as_contiguous(saved)};
 }
 
 // The whole backwards, CPU only: elsewhere they are ATen GEMMs around the pointwise
 // ops (autograd.py).
-std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_backward(
-    const at::Tensor &grad_y, const at::Tensor &x, at::TensorList weights,
-    const at::Tensor &saved, bool bias, c10::string_view hidden_activation,
-    c10::string_view final_activation, bool need_grad_x) {
+std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
+    const Tensor &grad_y, const Tensor &x, TensorList weights,
+    const Tensor &saved, bool bias, std::string_view hidden_activation,
+    std::string_view final_activation, bool need_grad_x) {
   const char *op = "fusedmlp.chain_backward";
   const fmlp_activation hidden = parse_activation(hidden_activation),
                         final_act = parse_activation(final_activation);
@@ -298,7 +326,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_b
   const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
   const std::vector<int64_t> widths = chain_widths(x, weights);
   const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_act);
-  std::vector<at::Tensor> grad_w(weights.size()), grad_b;
+  std::vector<Tensor> grad_w(weights.size()), grad_b;
   std::vector<fmlp_input> w_inputs;
   std::vector<const void *> pre_data, hidden_data;
   std::vector<void *> grad_w_data, grad_b_data;
@@ -306,14 +334,14 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_b
     w_inputs.push_back(input_of(weights[l]));
     pre_data.push_back(offset_data(saved_rows, layout.pre_offset[l]));
     hidden_data.push_back(offset_data(saved_rows, layout.hidden_offset[l]));
-    grad_w[l] = at::empty({widths[l + 1], widths[l]}, options);
+    grad_w[l] = empty({widths[l + 1], widths[l]}, options);
     grad_w_data.push_back(grad_w[l].data_ptr());
     if (bias) {
-      grad_b.push_back(at::empty({widths[l + 1]}, options));
+      grad_b.push_back(empty({widths[l + 1]}, options));
       grad_b_data.push_back(grad_b.back().data_ptr());
     }
   }
-  at::Tensor grad_x = at::empty({need_grad_x ? rows : 0, widths[0]}, options);
+  Tensor grad_x = empty({need_grad_x ? rows : 0, widths[0]}, options);
   const fmlp_cpu_chain_backward_args args = {
       .dtype = kernel_dtype(x.scalar_type()),
       .rows = rows,
@@ -332,27 +360,29 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> chain_b
   };
   const fmlp_threading threading = aten_threading();
   check_status(fmlp_cpu_chain_backward(&args, &threading), op);
-  grad_x = need_grad_x ? grad_x.view(x.sizes()) : x.new_empty({0});
+  grad_x = need_grad_x ? torch::stable::view(grad_x, x.sizes()) : empty({0}, x);
   return {grad_x, grad_w, grad_b};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>>
-gated_mlp_backward(const at::Tensor &grad_y, const at::Tensor &x, const at::Tensor &w_gate,
-                   const at::Tensor &w_up, const at::Tensor &w_down, const at::Tensor &saved,
-                   std::array<bool, 3> bias, c10::string_view activation, bool need_grad_x) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>>
+gated_mlp_backward(const Tensor &grad_y, const Tensor &x, const Tensor &w_gate,
+                   const Tensor &w_up, const Tensor &w_down, const Tensor &saved,
+                   const std::vector<bool> &bias, std::string_view activation, bool need_grad_x) {
   const char *op = "fusedmlp.gated_mlp_backward";
+  // bool[3] arrives as a list the stable ABI does not size-check: ATen's message.
+  FMLP_CHECK(bias.size() == 3, "Tried to convert a List with ", bias.size(),
+             " elements to a fixed-size array of size 3");
   const fmlp_activation act = parse_activation(activation);
   check_gated_backward(op, grad_y, x, w_gate, w_up, w_down, saved, CpuBackend::dtypes());
   const auto [options, x_rows, grad, s] = backward_inputs(x, grad_y, saved);
-  const at::Tensor &wg = w_gate, &wu = w_up, &wd = w_down;
+  const Tensor &wg = w_gate, &wu = w_up, &wd = w_down;
   const int64_t rows = x_rows.size(0);
-  at::Tensor grad_x = at::empty({need_grad_x ? rows : 0, x_rows.size(1)}, options);
-  std::array<at::Tensor, 3> grad_w = {at::empty(wg.sizes(), options),
-                                      at::empty(wu.sizes(), options),
-                                      at::empty(wd.sizes(), options)};
-  std::array<at::Tensor, 3> grad_b;
+  Tensor grad_x = empty({need_grad_x ? rows : 0, x_rows.size(1)}, options);
+  std::array<Tensor, 3> grad_w = {empty(wg.sizes(), options), empty(wu.sizes(), options),
+                                  empty(wd.sizes(), options)};
+  std::array<Tensor, 3> grad_b;
   for (size_t p = 0; p < 3; ++p) {
-    if (bias[p]) grad_b[p] = at::empty({grad_w[p].size(0)}, options);
+    if (bias[p]) grad_b[p] = empty({grad_w[p].size(0)}, options);
   }
   const fmlp_cpu_gated_block_backward_args args = {
       .dtype = kernel_dtype(x.scalar_type()),
@@ -365,9 +395,9 @@ gated_mlp_backward(const at::Tensor &grad_y, const at::Tensor &x, const at::Tens
       .w_up = input_of(wu),
       .w_down = input_of(wd),
       .activation = act,
-      .saved_gate = s[0].data_ptr(),
-      .saved_up = s[1].data_ptr(),
-      .saved_product = s[2].data_ptr(),
+      .saved_gate = torch::stable::select(s, 0, 0).data_ptr(),
+      .saved_up = torch::stable::select(s, 0, 1).data_ptr(),
+      .saved_product = torch::stable::select(s, 0, 2).data_ptr(),
       .grad_y = grad.data_ptr(),
       .grad_x = need_grad_x ? grad_x.data_ptr() : nullptr,
       .grad_w_gate = grad_w[0].data_ptr(),
@@ -379,19 +409,19 @@ gated_mlp_backward(const at::Tensor &grad_y, const at::Tensor &x, const at::Tens
   };
   const fmlp_threading threading = aten_threading();
   check_status(fmlp_cpu_gated_block_backward(&args, &threading), op);
-  std::vector<at::Tensor> present_b;
+  std::vector<Tensor> present_b;
   for (size_t p = 0; p < 3; ++p) {
     if (bias[p]) present_b.push_back(grad_b[p]);
   }
-  grad_x = need_grad_x ? grad_x.view(x.sizes()) : x.new_empty({0});
+  grad_x = need_grad_x ? torch::stable::view(grad_x, x.sizes()) : empty({0}, x);
   return {grad_x, grad_w[0], grad_w[1], grad_w[2], present_b};
 }
 
 }  // namespace
 }  // namespace fusedmlp
 
-TORCH_LIBRARY_IMPL(fusedmlp, CPU, m) {
+STABLE_TORCH_LIBRARY_IMPL(fusedmlp, CPU, m) {
   fusedmlp::OpWrappers<fusedmlp::CpuBackend>::register_kernels(m);
-  m.impl("chain_backward", &fusedmlp::chain_backward);
-  m.impl("gated_mlp_backward", &fusedmlp::gated_mlp_backward);
+  m.impl("chain_backward", TORCH_BOX(&fusedmlp::chain_backward));
+  m.impl("gated_mlp_backward", TORCH_BOX(&fusedmlp::gated_mlp_backward));
 }

@@ -1,11 +1,15 @@
 // CUDA kernels of the fusedmlp ops: tensors to pointers and strides, the
 // current stream, and torch's own cuBLAS and cuBLASLt handles with the Lt workspace
 // it keeps per handle and stream (no allocation per call). Multi-layer ops run one
-// fused GEMM per layer, each labelled for the profiler.
+// fused GEMM per layer, each labelled for the profiler. The arguments arrive as
+// stable-ABI tensors through the shared op_wrappers.h; nothing stable gives torch's
+// cuBLAS(Lt) handles, workspace or TF32 decision, so the kernels below work on the
+// ATen tensors they wrap, and _C_cuda is tied to the torch it was built against.
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 
 #include <mutex>
 
@@ -28,6 +32,18 @@ fmlp_dtype kernel_dtype(at::ScalarType dtype) {
     default: return FMLP_F32;
   }
 }
+
+// The ATen tensor a stable one wraps (the same tensor, no copy), and back.
+at::Tensor aten(const Tensor &t) {
+  return *torch::aot_inductor::tensor_handle_to_tensor_pointer(t.get());
+}
+Tensor stable(at::Tensor t) { return Tensor(torch::aot_inductor::new_tensor_handle(std::move(t))); }
+std::vector<at::Tensor> aten(TensorList list) {
+  std::vector<at::Tensor> tensors;
+  for (const Tensor &t : list) tensors.push_back(aten(t));
+  return tensors;
+}
+at::Tensor aten(const OptionalTensor &t) { return t.has_value() ? aten(*t) : at::Tensor(); }
 
 fmlp_cuda_plan_cache *plan_cache() {
   // One process-wide cache, alive until exit: plans hold no device memory.
@@ -86,8 +102,8 @@ at::Tensor gemm_operand(const at::Tensor &t) {
 
 const void *optional_data(const at::Tensor &t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-at::Tensor bias_operand(const OptionalTensor &bias) {
-  return bias.has_value() ? bias->contiguous() : at::Tensor();
+at::Tensor bias_operand(const at::Tensor &bias) {
+  return bias.defined() ? bias.contiguous() : at::Tensor();
 }
 
 fmlp_cuda_linear_args linear_args(const at::Tensor &x, const at::Tensor &w, const at::Tensor &b,
@@ -130,16 +146,16 @@ bool gate_up_batchable(const at::Tensor &wg, const at::Tensor &wu, const at::Ten
   return fmlp_cuda_gate_up_batchable(&gate_up, w_stride, b_stride) != 0;
 }
 
-struct CudaBackend {
-  static std::vector<at::ScalarType> dtypes() { return cuda_dtypes(); }
+// The ops on ATen tensors; CudaBackend below wraps them for op_wrappers.h.
+using AtenPair = std::tuple<at::Tensor, at::Tensor>;
 
-  static TensorPair chain(const char *op, const at::Tensor &x_rows,
-                          const std::vector<int64_t> &y_shape, at::TensorList weights,
-                          at::TensorList biases, fmlp_activation hidden,
-                          fmlp_activation final_activation, bool save) {
+struct AtenCuda {
+  static AtenPair chain(const char *op, const at::Tensor &x_rows,
+                        const std::vector<int64_t> &y_shape, at::TensorList weights,
+                        at::TensorList biases, const std::vector<int64_t> &widths,
+                        fmlp_activation hidden, fmlp_activation final_activation, bool save) {
     const c10::cuda::CUDAGuard device_guard(x_rows.device());
     const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
-    const std::vector<int64_t> widths = chain_widths(x_rows, weights);
     const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
     const at::Tensor y = at::empty(y_shape, x_rows.options()),
                      y_rows = y.view({rows, widths.back()});
@@ -161,7 +177,8 @@ struct CudaBackend {
                   .view({rows, widths[l + 1]});
       }
       const fmlp_cuda_linear_args args = linear_args(
-          input, gemm_operand(weights[l]), bias_operand(bias_at(biases, l)), out,
+          input, gemm_operand(weights[l]), biases.empty() ? at::Tensor() : bias_operand(biases[l]),
+          out,
           last ? final_activation : hidden, save ? saved_at(saved, layout.pre_offset[l]) : nullptr);
       check_status(fmlp_cuda_linear(&env, &args), op);
       input = out;
@@ -169,12 +186,11 @@ struct CudaBackend {
     return {y, saved};
   }
 
-  static TensorPair gated(const char *op, const at::Tensor &x_rows,
-                          const std::vector<int64_t> &y_shape, const at::Tensor &w_gate,
-                          const at::Tensor &w_up, const at::Tensor &w_down,
-                          const OptionalTensor &bias_gate, const OptionalTensor &bias_up,
-                          const OptionalTensor &bias_down, fmlp_activation activation,
-                          bool save) {
+  static AtenPair gated(const char *op, const at::Tensor &x_rows,
+                        const std::vector<int64_t> &y_shape, const at::Tensor &w_gate,
+                        const at::Tensor &w_up, const at::Tensor &w_down,
+                        const at::Tensor &bias_gate, const at::Tensor &bias_up,
+                        const at::Tensor &bias_down, fmlp_activation activation, bool save) {
     const c10::cuda::CUDAGuard device_guard(x_rows.device());
     const int64_t rows = x_rows.size(0), hidden = w_gate.size(0);
     const at::Tensor x = gemm_operand(x_rows), wg = gemm_operand(w_gate),
@@ -240,8 +256,8 @@ struct CudaBackend {
     return grad_pre;
   }
 
-  static TensorPair gated_backward(const at::Tensor &grad_product, const at::Tensor &gate,
-                                   const at::Tensor &up, fmlp_activation activation) {
+  static AtenPair gated_backward(const at::Tensor &grad_product, const at::Tensor &gate,
+                                 const at::Tensor &up, fmlp_activation activation) {
     const c10::cuda::CUDAGuard device_guard(grad_product.device());
     at::Tensor grad_gate = at::empty_like(grad_product), grad_up = at::empty_like(grad_product);
     check_status(fmlp_cuda_gated_backward(kernel_dtype(grad_product.scalar_type()),
@@ -254,9 +270,46 @@ struct CudaBackend {
   }
 };
 
+TensorPair stable(AtenPair pair) {
+  return {stable(std::move(std::get<0>(pair))), stable(std::move(std::get<1>(pair)))};
+}
+
+struct CudaBackend {
+  static std::vector<ScalarType> dtypes() { return cuda_dtypes(); }
+
+  static TensorPair chain(const char *op, const Tensor &x_rows,
+                          const std::vector<int64_t> &y_shape, TensorList weights,
+                          TensorList biases, fmlp_activation hidden,
+                          fmlp_activation final_activation, bool save) {
+    return stable(AtenCuda::chain(op, aten(x_rows), y_shape, aten(weights), aten(biases),
+                                  chain_widths(x_rows, weights), hidden, final_activation, save));
+  }
+
+  static TensorPair gated(const char *op, const Tensor &x_rows,
+                          const std::vector<int64_t> &y_shape, const Tensor &w_gate,
+                          const Tensor &w_up, const Tensor &w_down,
+                          const OptionalTensor &bias_gate, const OptionalTensor &bias_up,
+                          const OptionalTensor &bias_down, fmlp_activation activation,
+                          bool save) {
+    return stable(AtenCuda::gated(op, aten(x_rows), y_shape, aten(w_gate), aten(w_up),
+                                  aten(w_down), aten(bias_gate), aten(bias_up), aten(bias_down),
+                                  activation, save));
+  }
+
+  static Tensor activation_backward(const Tensor &grad, const Tensor &pre,
+                                    fmlp_activation activation) {
+    return stable(AtenCuda::activation_backward(aten(grad), aten(pre), activation));
+  }
+
+  static TensorPair gated_backward(const Tensor &grad_product, const Tensor &gate,
+                                   const Tensor &up, fmlp_activation activation) {
+    return stable(AtenCuda::gated_backward(aten(grad_product), aten(gate), aten(up), activation));
+  }
+};
+
 }  // namespace
 }  // namespace fusedmlp
 
-TORCH_LIBRARY_IMPL(fusedmlp, CUDA, m) {
+STABLE_TORCH_LIBRARY_IMPL(fusedmlp, CUDA, m) {
   fusedmlp::OpWrappers<fusedmlp::CudaBackend>::register_kernels(m);
 }

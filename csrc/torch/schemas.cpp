@@ -1,7 +1,8 @@
-// The op schemas. Backends register their kernels in their own files.
-#include <torch/library.h>
+// The op schemas, through the stable ABI. Backends register their kernels in
+// their own files.
+#include <torch/csrc/stable/library.h>
 
-TORCH_LIBRARY(fusedmlp, m) {
+STABLE_TORCH_LIBRARY(fusedmlp, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, str activation) -> Tensor");
   // (y, saved): saved holds what the backward needs, see saved_layout.py.
   m.def("linear_train(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)");
@@ -42,6 +43,7 @@ TORCH_LIBRARY(fusedmlp, m) {
 #include <Python.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "arguments.h"
 #include "fusedmlp/cpu.h"
@@ -60,13 +62,26 @@ static PyObject *activations(PyObject * /*module*/, PyObject * /*unused*/) {
   return names;
 }
 
+// torch's Python name of a dtype the kernels take (the stable ABI has no table of them).
+static const char *dtype_name(fusedmlp::ScalarType dtype) {
+  switch (dtype) {
+    case fusedmlp::ScalarType::Float: return "float32";
+    case fusedmlp::ScalarType::Double: return "float64";
+    case fusedmlp::ScalarType::Half: return "float16";
+    case fusedmlp::ScalarType::BFloat16: return "bfloat16";
+    default: return nullptr;
+  }
+}
+
 // ("float32", ...): torch's names of the dtypes.
-static PyObject *dtype_names(const std::vector<at::ScalarType> &dtypes) {
+static PyObject *dtype_names(const std::vector<fusedmlp::ScalarType> &dtypes) {
   PyObject *names = PyTuple_New(static_cast<Py_ssize_t>(dtypes.size()));
   if (names == nullptr) return nullptr;
   for (size_t i = 0; i < dtypes.size(); ++i) {
-    const std::string_view name = c10::getDtypeNames(dtypes[i]).first;
-    PyObject *item = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+    const char *name = dtype_name(dtypes[i]);
+    PyObject *item = name != nullptr ? PyUnicode_FromString(name)
+                                     : PyErr_Format(PyExc_SystemError, "fusedmlp: dtype %d has no name",
+                                                    static_cast<int>(dtypes[i]));
     if (item == nullptr || PyTuple_SetItem(names, static_cast<Py_ssize_t>(i), item) != 0) {
       Py_DECREF(names);
       return nullptr;
@@ -81,19 +96,20 @@ static PyObject *device_dtypes(PyObject * /*module*/, PyObject * /*unused*/) {
 }
 
 namespace fusedmlp {
-fmlp_dtype kernel_dtype(at::ScalarType storage);  // cpu.cpp
+fmlp_dtype kernel_dtype(ScalarType storage);  // cpu.cpp
 }
 
 static PyObject *cpu_isa(PyObject * /*module*/, PyObject *args) {
-  const char *dtype_name = "float32";
-  if (!PyArg_ParseTuple(args, "|s:cpu_isa", &dtype_name)) return nullptr;
-  const std::vector<at::ScalarType> dtypes = fusedmlp::cpu_dtypes();
-  const auto named = std::find_if(dtypes.begin(), dtypes.end(), [&](at::ScalarType dtype) {
-    return c10::getDtypeNames(dtype).first == dtype_name;
+  const char *requested = "float32";
+  if (!PyArg_ParseTuple(args, "|s:cpu_isa", &requested)) return nullptr;
+  const std::vector<fusedmlp::ScalarType> dtypes = fusedmlp::cpu_dtypes();
+  const auto named = std::find_if(dtypes.begin(), dtypes.end(), [&](fusedmlp::ScalarType dtype) {
+    const char *name = dtype_name(dtype);
+    return name != nullptr && std::strcmp(name, requested) == 0;
   });
   if (named == dtypes.end()) {
     return PyErr_Format(PyExc_ValueError, "cpu_isa: dtype '%s' is not one the CPU kernels take",
-                        dtype_name);
+                        requested);
   }
   const char *isa = fmlp_cpu_isa_name(fmlp_cpu_isa_in_use());
   if (fmlp_cpu_gemm_in_use(fusedmlp::kernel_dtype(*named)) == FMLP_GEMM_HOST) {
@@ -142,6 +158,14 @@ static const char kCpuIsaDoc[] =
     "unit at or below <isa> (the default where that unit is at no level measured to beat eager, "
     "or FUSEDMLP_CPU_GEMM=aten).";
 
+static PyObject *split_for_profiler(PyObject * /*module*/, PyObject *split) {
+  const int value = PyObject_IsTrue(split);
+  if (value < 0) return nullptr;
+  const bool previous = fusedmlp::split_for_profiler();
+  fusedmlp::split_for_profiler() = value != 0;
+  return PyBool_FromLong(previous);
+}
+
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyMethodDef methods[] = {
       {"activations", activations, METH_NOARGS,
@@ -152,6 +176,9 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
       {"cpu_isas", cpu_isas, METH_NOARGS,
        "The registered instruction sets, lowest first: (name, compiler flags, CPU features, "
        "supported by this CPU, forced only: detection skips it) each."},
+      {"split_for_profiler", split_for_profiler, METH_O,
+       "Whether the ops on this thread run each layer (stage) as its own call under its own "
+       "profiler label: sets it, returns the previous setting (fusedmlp/profiling.py)."},
       {nullptr, nullptr, 0, nullptr}};
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fusedmlp kernels", -1, methods};
   return PyModule_Create(&module);

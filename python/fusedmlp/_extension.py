@@ -1,10 +1,13 @@
 """Loads the compiled extensions: fusedmlp._C (the ops, their CPU kernels) always, and
-fusedmlp._C_cuda (the CUDA kernels) only under a CUDA build of torch. The extensions use
-torch's C++ ABI, which changes between torch releases, so the torch they were built against
-(fusedmlp/_build.json, written by the build) must be the one installed: otherwise importing
-fusedmlp fails with an error naming both and the command that rebuilds it. When the CUDA
-module is missing or cannot load (built for another CUDA major version), the CPU ops still
-run and every CUDA call of an op raises an error saying why and what to install."""
+fusedmlp._C_cuda (the CUDA kernels) only under a CUDA build of torch. _C uses LibTorch's
+stable ABI of torch 2.10 only, so one build loads under every torch from 2.10 on; if it
+still cannot load, importing fusedmlp fails with an error naming the torch it was built
+against (fusedmlp/_build.json, written by the build), the one installed, and the command that
+rebuilds it. _C_cuda also uses torch's C++ ABI (its cuBLASLt handle and workspace), which
+changes between torch releases: it is loaded only under the release it was built against.
+When the CUDA module is missing, built for another torch release or cannot load (built for
+another CUDA major version), the CPU ops still run and every CUDA call of an op raises an
+error saying why and what to install."""
 
 from __future__ import annotations
 
@@ -50,20 +53,21 @@ def rebuild_command(record: dict[str, Any]) -> str:
     return f"pip install --no-build-isolation --force-reinstall --no-deps {source}"
 
 
+def built_against(record: dict[str, Any]) -> str:
+    return record.get("torch", "an unknown torch (no fusedmlp/_build.json)")
+
+
 def mismatch_message(record: dict[str, Any], detail: str) -> str:
-    built = record.get("torch", "an unknown torch (no fusedmlp/_build.json)")
     return (
-        f"fusedmlp was built against torch {built}, but torch {torch.__version__} is installed "
-        f"({detail}). fusedmlp's extension uses torch's C++ ABI, which changes between torch "
-        f"releases: rebuild it against the installed torch with\n    {rebuild_command(record)}"
+        f"fusedmlp was built against torch {built_against(record)}, but torch "
+        f"{torch.__version__} is installed ({detail}). fusedmlp's CPU extension uses torch's "
+        f"stable ABI, which torch 2.10 and later releases keep: rebuild it against the "
+        f"installed torch with\n    {rebuild_command(record)}"
     )
 
 
 def load_cpu_module(record: dict[str, Any]) -> None:
-    """Imports fusedmlp._C, or raises ImportError saying which torch it needs."""
-    built = record.get("torch")
-    if built is not None and release(built) != release(torch.__version__):
-        raise ImportError(mismatch_message(record, "a different release"))
+    """Imports fusedmlp._C, or raises ImportError saying which torch it was built for."""
     try:
         from . import _C  # noqa: F401
     except ImportError as error:
@@ -79,6 +83,12 @@ def cuda_unavailable_reason(record: dict[str, Any]) -> str | None:
     if spec is None or spec.origin is None:
         why = record.get("no_cuda_reason") or "its CUDA module is missing"
         return f"this fusedmlp was built without its CUDA kernels: {why}"
+    built = built_against(record)
+    if release(built) != release(torch.__version__):
+        return (
+            f"its CUDA module was built against torch {built} and uses torch's C++ ABI, which "
+            f"changes between releases; torch {torch.__version__} is installed"
+        )
     try:
         torch.ops.load_library(spec.origin)
     except OSError as error:

@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _C  # noqa: F401  (registers the ops)
+from .profiling import labelled_layers
 from .registry import cpu_gemm_in_aten
 from .saved_layout import chain_layout, leading_rows
 
@@ -199,7 +200,7 @@ class ChainTrain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, chain, activation, n_weights, *parameters):  # type: ignore[override]
         weights, biases = parameters[:n_weights], parameters[n_weights:]
-        with torch._C._AutoDispatchBelowAutograd():
+        with torch._C._AutoDispatchBelowAutograd(), labelled_layers():
             y, saved = chain.train(x, weights, biases, activation)
         ctx.save_for_backward(x, saved, *weights)
         ctx.chain, ctx.activation, ctx.has_bias = chain, activation, bool(biases)
@@ -224,7 +225,7 @@ class GatedMLPTrain(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx, x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation
     ):
-        with torch._C._AutoDispatchBelowAutograd():
+        with torch._C._AutoDispatchBelowAutograd(), labelled_layers():
             y, saved = _ops.gated_mlp_train.default(
                 x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation
             )

@@ -9,6 +9,8 @@ from torch import Tensor
 
 from . import autocast, autograd, fake_kernels  # noqa: F401  (register the ops' Python parts)
 from .activations import check_activation
+from .profiling import labelled_layers
+from .registry import DEVICE_DTYPES
 
 _ops = torch.ops.fusedmlp
 
@@ -27,7 +29,7 @@ def _without_autograd(op: torch._ops.OpOverload, *args: object) -> Tensor:
     """
     if torch.compiler.is_compiling():
         return op(*args)
-    with torch._C._AutoDispatchBelowAutograd():
+    with torch._C._AutoDispatchBelowAutograd(), labelled_layers():
         return op(*args)
 
 
@@ -37,6 +39,23 @@ def check_tensor(name: str, value: object, optional: bool = False) -> None:
     if not isinstance(value, Tensor):
         expected = "a Tensor or None" if optional else "a Tensor"
         raise TypeError(f"fusedmlp: {name} must be {expected}, got {type(value).__name__}")
+
+
+def aten_dtype_name(dtype: torch.dtype) -> str:
+    """ATen's name of a dtype, as the kernels' messages spell it: torch.int32 -> "Int"."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+def check_dtype(op: str, x: Tensor) -> None:
+    """The kernels' check of x's dtype, with their message, raised here as a TypeError: the
+    ops are registered through LibTorch's stable ABI, whose kernels can raise RuntimeError
+    only (docs/limits.md)."""
+    dtypes = DEVICE_DTYPES.get(x.device.type)
+    if dtypes is not None and x.dtype not in dtypes:
+        raise TypeError(
+            f"{op}: x has dtype {aten_dtype_name(x.dtype)}, but on {x.device.type} only "
+            f"{', '.join(aten_dtype_name(d) for d in dtypes)} are supported"
+        )
 
 
 def _check_tensors(name: str, values: list[object], optional: bool = False) -> None:
@@ -53,6 +72,7 @@ def linear(
     check_tensor("x", x)
     check_tensor("weight", weight)
     check_tensor("bias", bias, optional=True)
+    check_dtype("fusedmlp.linear", x)
     if _needs_grad(x, weight, bias):
         return autograd.train_linear(x, weight, bias, activation)
     return _without_autograd(_ops.linear.default, x, weight, bias, activation)
@@ -89,6 +109,7 @@ def run_mlp(
     x: Tensor, weights: list[Tensor], biases: list[Tensor | None], activation: str
 ) -> Tensor:
     """mlp() for arguments already checked (FusedMLP's own): one bias or None per weight."""
+    check_dtype("fusedmlp.mlp", x)
     train = _needs_grad(x, *weights, *biases)
     biases = _all_or_no_biases(weights, biases)
     if train:
@@ -124,6 +145,7 @@ def gated_mlp(
         check_tensor(name, tensor)
     for name, tensor in (("bias_gate", bias_gate), ("bias_up", bias_up), ("bias_down", bias_down)):
         check_tensor(name, tensor, optional=True)
+    check_dtype("fusedmlp.gated_mlp", x)
     args = (x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, activation)
     if _needs_grad(*args[:-1]):
         return autograd.train_gated(*args)
