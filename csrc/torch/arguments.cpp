@@ -206,6 +206,9 @@ Tensor empty(IntList shape, const Tensor &like) {
 }
 
 Tensor as_rows(const Tensor &x) {
+  // Already rows: each stable op is a by-name dispatcher call, which the ops'
+  // hot path need not pay for nothing.
+  if (x.dim() == 2) return x;
   // The row count is explicit: with 0 features, -1 would be ambiguous.
   const IntList sizes = x.sizes();
   int64_t rows = 1;
