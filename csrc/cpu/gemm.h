@@ -24,6 +24,19 @@
 #error "include the unit's micro-kernel header (microkernel_<kind>.h) before gemm.h"
 #endif
 
+/* Values of K a packed REAL slot holds, a parameter of the unit's packing:
+ * 2 where the packs keep bfloat16 pairs (pack_k_pairs.h), so a panel over k
+ * values of K takes ceil(k / 2) slot rows and K block pc starts pc / 2 rows
+ * into it. */
+#ifndef GEMM_PACKED_K_PER_SLOT
+#define GEMM_PACKED_K_PER_SLOT 1
+#endif
+
+/* Slot rows of a panel over k values of K. */
+static inline int64_t FN(panel_rows)(int64_t k) {
+  return (k + GEMM_PACKED_K_PER_SLOT - 1) / GEMM_PACKED_K_PER_SLOT;
+}
+
 /* Weight panels packed per parallel task. */
 #define PACK_PANELS_PER_TASK ((int64_t)8)
 
@@ -85,7 +98,7 @@ static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
   for (int64_t p = first; p < last; ++p) {
     const int64_t count = n - p * GEMM_NR < GEMM_NR ? n - p * GEMM_NR : GEMM_NR;
     FMLP_PACK_WEIGHT_PANEL(src + p * GEMM_NR * rs, rs, cs, count, GEMM_NR, k,
-                           packed->data + p * k * GEMM_NR);
+                           packed->data + p * FN(panel_rows)(k) * GEMM_NR);
   }
 }
 
@@ -97,7 +110,7 @@ static int FN(weight_stays_unpacked)(fmlp_input w, int64_t rows) {
 /* Elements a weight of n rows over K = k takes packed; -1 on overflow. */
 static int64_t FN(packed_weight_elems)(int64_t n, int64_t k) {
   int64_t count;
-  if (!fmlp_checked_mul((n + GEMM_NR - 1) / GEMM_NR, k, &count) ||
+  if (!fmlp_checked_mul((n + GEMM_NR - 1) / GEMM_NR, FN(panel_rows)(k), &count) ||
       !fmlp_checked_mul(count, GEMM_NR, &count)) {
     return -1;
   }
@@ -124,13 +137,14 @@ static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t r
 }
 
 /* Rows [0, mc) and columns [pc, pc + kc) of x into MR-tall panels,
- * zero-padded past mc: element (i, kk) at dst[(i / MR) * kc * MR + kk * MR + i % MR]. */
+ * zero-padded past mc, panel_rows(kc) x MR slots apart (element (i, kk) of
+ * a K-major float panel at dst[(i / MR) * kc * MR + kk * MR + i % MR]). */
 static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t kc, REAL *dst) {
   const STORE *src = x.data;
   for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
     FMLP_PACK_INPUT_PANEL(src + ir * x.row_stride + pc * x.col_stride, x.row_stride,
                           x.col_stride, mc - ir < GEMM_MR ? mc - ir : GEMM_MR, GEMM_MR, kc,
-                          dst + (ir / GEMM_MR) * kc * GEMM_MR);
+                          dst + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR);
   }
 }
 
@@ -167,7 +181,15 @@ static void FN(fill_empty_product)(int64_t rows, int64_t n, const STORE *bias,
  * reused from L2 (kc 1024, nc 1024, mc 48: the blocks before) and 650-700 ms
  * with the weight block at the whole L2 (kc 512 x nc 1024, kc 256 x nc 2048);
  * with these blocks 480 x 3072 -> 3072 ran 79 ms against 89, 4096 x 1024 ->
- * 4096 GELU 274 against 288, the GeGLU block at 1024 tokens 134 against 144. */
+ * 4096 GELU 274 against 288, the GeGLU block at 1024 tokens 134 against 144.
+ * The input block's quarter counts its packed bytes (bfloat16 pairs: 2 a
+ * value of K, twice the rows of float), the weight block its REAL slots (for
+ * bfloat16, a quarter of the L2). The AMX unit (K in one block), one thread's
+ * 512-row block, medians of 10-12 alternating runs, loaded machine:
+ * 1024 -> 4096 GELU 16.2 ms against 17.7 with the input block counted in
+ * REALs, gate and up 768 -> 3072 GELU(tanh) 16.9 against 18.6; counting the
+ * weight block's bytes too made 3072 -> 768 3.3 ms against 2.8 (at large K
+ * the input block is GEMM_MC rows, past its quarter). */
 typedef struct {
   int64_t kc, mc, nc;
 } FN(blocks);
@@ -176,7 +198,7 @@ static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights) {
   const int64_t most_k = GEMM_KC, l2 = fmlp_cpu_l2_bytes(), elem = (int64_t)sizeof(REAL);
   const int64_t n_k_blocks = k > most_k ? (k + most_k - 1) / most_k : 1;
   const int64_t kc = k > 0 ? (k + n_k_blocks - 1) / n_k_blocks : 1;
-  const int64_t mc = l2 / 4 / elem / kc / GEMM_MR * GEMM_MR;
+  const int64_t mc = l2 / 4 / (elem / GEMM_PACKED_K_PER_SLOT) / kc / GEMM_MR * GEMM_MR;
   const int64_t nc = l2 / 2 / elem / weights / kc / GEMM_NR * GEMM_NR;
   return (FN(blocks)){kc, mc > GEMM_MC ? mc : GEMM_MC, nc > GEMM_NR ? nc : GEMM_NR};
 }
@@ -189,12 +211,15 @@ static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights) {
 static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
   int64_t unpacked = 0, packed, most;
   if (rows <= GEMM_UNPACKED_MAX_ROWS && !fmlp_checked_mul(max_k, GEMM_NR, &unpacked)) return -1;
-  const int64_t kc = max_k < GEMM_KC ? max_k : GEMM_KC;
+  const int64_t kc = FN(panel_rows)(max_k < GEMM_KC ? max_k : GEMM_KC);
   if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR, kc, &packed) ||
       !fmlp_checked_mul(GEMM_MC, kc, &most)) {
     return -1;
   }
-  const int64_t l2_quarter = fmlp_cpu_l2_bytes() / 4 / (int64_t)sizeof(REAL);
+  /* choose_blocks' mc x kc: a quarter of the L2 in packed values of K, each
+   * at most a slot */
+  const int64_t l2_quarter =
+      fmlp_cpu_l2_bytes() / 4 / ((int64_t)sizeof(REAL) / GEMM_PACKED_K_PER_SLOT);
   if (most < l2_quarter) most = l2_quarter;
   if (packed > most) packed = most;
   return unpacked > packed ? unpacked : packed;
@@ -225,7 +250,7 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
       for (int64_t jc = 0; jc < n; jc += b.nc) {
         const int64_t nc = n - jc < b.nc ? n - jc : b.nc;
         for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
-          const REAL *a_panel = input_pack + (ir / GEMM_MR) * kc * GEMM_MR;
+          const REAL *a_panel = input_pack + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR;
           const int64_t tile_rows = mc - ir < GEMM_MR ? mc - ir : GEMM_MR;
           for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
             tile_fn(context, a_panel, ic + ir, jc + jr, pc, kc, tile_rows,
@@ -260,7 +285,8 @@ static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t ro
       .first_k_block = pc == 0,
       .last_k_block = pc + kc >= k,
   };
-  const REAL *b_panel = t->w->data + (col / GEMM_NR) * k * GEMM_NR + pc * GEMM_NR;
+  const REAL *b_panel = t->w->data + ((col / GEMM_NR) * FN(panel_rows)(k) +
+                                      pc / GEMM_PACKED_K_PER_SLOT) * GEMM_NR;
   FMLP_MICROKERNEL(kc, a_panel, b_panel, t->c + row * t->ldc + col, t->ldc, rows, cols, &ep);
 }
 
@@ -304,7 +330,9 @@ typedef struct {
 static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t row, int64_t col,
                            int64_t pc, int64_t kc, int64_t rows, int64_t cols) {
   const FN(gated_tiles) *t = context;
-  const int64_t k = t->gate_w->k, panel_at = (col / GEMM_NR) * k * GEMM_NR + pc * GEMM_NR;
+  const int64_t k = t->gate_w->k;
+  const int64_t panel_at =
+      ((col / GEMM_NR) * FN(panel_rows)(k) + pc / GEMM_PACKED_K_PER_SLOT) * GEMM_NR;
   for (int64_t i0 = 0; i0 < rows; i0 += GATED_MR) {
     const int64_t part_rows = rows - i0 < GATED_MR ? rows - i0 : GATED_MR;
     for (int64_t j0 = 0; j0 < cols; j0 += GATED_NR) {

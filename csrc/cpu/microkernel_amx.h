@@ -80,8 +80,8 @@ static void FN(pack_adjacent_tile_rows)(const STORE *src, int64_t cs, int64_t co
  * each whole 32 of K, a block of width rows x 32 values (an A tile's rows,
  * 64 bytes each, next to each other); then the last kc % 32 values of each
  * row, kc % 32 apart. Zero rows past count. As REAL slots it takes
- * width * kc / 2 of the width * kc that gemm.h gives it. Rows next to each
- * other (rs == 1) are packed by pack_adjacent_tile_rows above. */
+ * ceil(kc / 2) x width (gemm.h's panel_rows). Rows next to each other
+ * (rs == 1) are packed by pack_adjacent_tile_rows above. */
 static void FN(pack_tile_rows)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
                                int64_t width, int64_t kc, REAL *dst) {
   if (rs == 1 && cs != 1) {

@@ -3,11 +3,15 @@
  * slot (p, i) of a panel `width` rows wide holds row i's values 2p and
  * 2p + 1 (the first in the low half), zero past the rows or past K. A slot is
  * 32 bits, the size of a REAL, so the packs keep gemm.h's REAL layout: a
- * panel of k rows uses ceil(k / 2) of the k * width slots gemm.h gives it.
+ * panel over k values of K is ceil(k / 2) rows of width slots
+ * (GEMM_PACKED_K_PER_SLOT).
  * Include after the AVX-512 SIMD and storage headers. */
 #include <stdint.h>
 
 _Static_assert(!STORE_IS_REAL, "the K-pair panels hold bfloat16 storage");
+
+/* For gemm.h: a slot holds two values of K. */
+#define GEMM_PACKED_K_PER_SLOT 2
 _Static_assert(FMLP_SIMD_WIDTH == 16, "a K-pair vector is 16 slots of a zmm register");
 
 /* Row i's values 2p and 2p + 1 as one slot (zero past k). */
