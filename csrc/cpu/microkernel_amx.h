@@ -11,6 +11,21 @@
  * of the tail; rows and columns past the output are zero in the panels and
  * never stored.
  *
+ * K in L1-sized blocks (256-768, the input panel in L1 while the weight
+ * panels stream from L2; the float C tiles stored to and loaded from a
+ * per-thread partial-sum scratch between blocks) was built and measured and
+ * gained nothing on the Xeon (C harness, one thread's CPU time, medians of
+ * 10-16 runs alternating in one process, loaded machine): tile loads from
+ * L2 keep up (the micro-kernel over panels in L1 ran ~1.3 TFLOP/s at kc 1024,
+ * ~1.2 at kc 384; with 16 weight panels swept from L2, 1.14 at kc 1024 with
+ * the input panel in L2 too, 0.96 at kc 384 with it in L1); a 512-row block
+ * of 1024 -> 4096 took 6.9 ms in K blocks of 352 against 7.2 whole (8.4
+ * against 8.1 with GELU(tanh)), and gate and up 768 -> 3072 took 20.4 ms
+ * against 14.1 (12 MiB of partial sums; mc and nc of that variant counted
+ * in packed bytes). What limits these products is the epilogue (GELU's erf
+ * over a 32 x 32 tile costs about what 1024 values of K of tile products
+ * do) and the weights streamed from L3 once per input block (choose_blocks).
+ *
  * The packed path's tile is 32 x 32 (2 x 2 C tiles, 2 A and 2 B: all 8 tile
  * registers); the few-row paths and everything else are microkernel_simd.h's
  * with the AVX-512 register tile (tile_avx512.h), so the unit includes that
@@ -44,6 +59,17 @@
 #define AMX_BYTES 64 /* bytes in a row of any tile */
 _Static_assert(GEMM_NR == 2 * AMX_ROWS && GEMM_MR == 2 * AMX_ROWS, "2 x 2 C tiles");
 _Static_assert(GATED_NR == AMX_ROWS, "one C tile of gate and one of up per 16 rows");
+
+/* Vectors the epilogue activates together: the activations' polynomials are
+ * chains of dependent FMAs, and a row's 2 vectors (1 in the gated tile) left
+ * the FMA ports idle. 8 (4 rows of the linear tile) ran the GELU epilogue
+ * ~1.4x faster than 2 (the linear micro-kernel over panels in L1 at kc 128,
+ * where the epilogue is most of the time: 274-294 ms against 392-449; 16 no
+ * faster than 8; C harness, one thread's CPU time, best of 3, loaded
+ * machine); the gated tile takes 8 rows alike. */
+#define EPILOGUE_VECTORS 8
+_Static_assert(GEMM_MR % (EPILOGUE_VECTORS / GEMM_NV) == 0 && GATED_MR % EPILOGUE_VECTORS == 0,
+               "epilogue groups of whole rows inside the tile");
 
 /* pack_tile_rows for rows next to each other (rs == 1: the transposed grad_pre
  * a many-row backward's dW multiplies, where each tile row is a strided
@@ -236,25 +262,34 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
   _tile_stored(TILE_C01, &t[0][AMX_ROWS], t_stride);
   _tile_stored(TILE_C10, &t[AMX_ROWS][0], t_stride);
   _tile_stored(TILE_C11, &t[AMX_ROWS][AMX_ROWS], t_stride);
-  /* the epilogue in one pass over the float tile, a row at a time (with
-   * three passes, bias and pre-activation, activation, rounding store, and
-   * the tile configuration set per call, 65536 x (64 -> 128 -> 128 -> 64)
-   * ReLU took 25.5 ms against 17.3: C harness, one thread's CPU time,
-   * medians, loaded machine) */
+  /* the epilogue in one pass over the float tile, EPILOGUE_VECTORS at a
+   * time (with three passes, bias and pre-activation, activation, rounding
+   * store, and the tile configuration set per call, 65536 x (64 -> 128 ->
+   * 128 -> 64) ReLU took 25.5 ms against 17.3: C harness, one thread's CPU
+   * time, medians, loaded machine) */
+  enum { GROUP_ROWS = EPILOGUE_VECTORS / GEMM_NV };
   vreal start[GEMM_NV];
   FN(bias_vectors)(ep->bias, GEMM_NV, cols, start);
-  for (int64_t i = 0; i < rows; ++i) {
-    vreal r[GEMM_NV];
-    for (int v = 0; v < GEMM_NV; ++v) r[v] = v_add(v_load(&t[i][v * FMLP_SIMD_WIDTH]), start[v]);
-    if (ep->pre != NULL) {
+  for (int64_t i0 = 0; i0 < rows; i0 += GROUP_ROWS) {
+    const int64_t here = rows - i0 < GROUP_ROWS ? rows - i0 : GROUP_ROWS;
+    vreal r[GROUP_ROWS][GEMM_NV];
+    for (int i = 0; i < GROUP_ROWS; ++i) {
       for (int v = 0; v < GEMM_NV; ++v) {
-        vs_store_first(ep->pre + i * ep->pre_stride + v * FMLP_SIMD_WIDTH, r[v],
+        r[i][v] = v_add(v_load(&t[i0 + i][v * FMLP_SIMD_WIDTH]), start[v]);
+      }
+    }
+    for (int64_t i = 0; i < here && ep->pre != NULL; ++i) {
+      for (int v = 0; v < GEMM_NV; ++v) {
+        vs_store_first(ep->pre + (i0 + i) * ep->pre_stride + v * FMLP_SIMD_WIDTH, r[i][v],
                        FN(lanes_inside)(cols, v));
       }
     }
-    FN(activate_vectors)(r, GEMM_NV, ep->activation);
-    for (int v = 0; v < GEMM_NV; ++v) {
-      vs_store_first(c + i * ldc + v * FMLP_SIMD_WIDTH, r[v], FN(lanes_inside)(cols, v));
+    FN(activate_vectors)(&r[0][0], EPILOGUE_VECTORS, ep->activation);
+    for (int64_t i = 0; i < here; ++i) {
+      for (int v = 0; v < GEMM_NV; ++v) {
+        vs_store_first(c + (i0 + i) * ldc + v * FMLP_SIMD_WIDTH, r[i][v],
+                       FN(lanes_inside)(cols, v));
+      }
     }
   }
 }
@@ -278,15 +313,21 @@ static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
   vreal gate_start, up_start;
   FN(bias_vectors)(ep->bias_gate, 1, cols, &gate_start);
   FN(bias_vectors)(ep->bias_up, 1, cols, &up_start);
-  for (int64_t i = 0; i < rows; ++i) {
-    vreal g = v_add(v_load(gate[i]), gate_start);
-    const vreal u = v_add(v_load(up[i]), up_start);
-    if (ep->save_gate_up) {
-      vs_store_first(ep->gate + i * ep->gate_up_stride, g, cols);
-      vs_store_first(ep->up + i * ep->gate_up_stride, u, cols);
+  for (int64_t i0 = 0; i0 < rows; i0 += EPILOGUE_VECTORS) {
+    const int64_t here = rows - i0 < EPILOGUE_VECTORS ? rows - i0 : EPILOGUE_VECTORS;
+    vreal g[EPILOGUE_VECTORS], u[EPILOGUE_VECTORS];
+    for (int i = 0; i < EPILOGUE_VECTORS; ++i) {
+      g[i] = v_add(v_load(gate[i0 + i]), gate_start);
+      u[i] = v_add(v_load(up[i0 + i]), up_start);
     }
-    FN(activate_vectors)(&g, 1, ep->activation);
-    vs_store_first(ep->product + i * ep->product_stride, v_mul(g, u), cols);
+    for (int64_t i = 0; i < here && ep->save_gate_up; ++i) {
+      vs_store_first(ep->gate + (i0 + i) * ep->gate_up_stride, g[i], cols);
+      vs_store_first(ep->up + (i0 + i) * ep->gate_up_stride, u[i], cols);
+    }
+    FN(activate_vectors)(g, EPILOGUE_VECTORS, ep->activation);
+    for (int64_t i = 0; i < here; ++i) {
+      vs_store_first(ep->product + (i0 + i) * ep->product_stride, v_mul(g[i], u[i]), cols);
+    }
   }
 }
 
