@@ -26,7 +26,10 @@ def _recording() -> Iterator[None]:
         _C.profiler_records(previous)
 
 
+_AS_USUAL = contextlib.nullcontext()  # reusable: one object for every call
+
+
 def labelled_layers() -> contextlib.AbstractContextManager[None]:
     """A context in which this thread's fusedmlp ops label their calls and layers when
     torch's profiler records, and run as usual otherwise."""
-    return _recording() if _profiler._is_profiler_enabled else contextlib.nullcontext()
+    return _recording() if _profiler._is_profiler_enabled else _AS_USUAL
