@@ -1,5 +1,7 @@
 #include "arguments.h"
 
+#include <algorithm>
+
 namespace fusedmlp {
 
 std::ostream &operator<<(std::ostream &out, Shape shape) {
@@ -202,7 +204,30 @@ Tensor as_contiguous(const Tensor &t) {
 }
 
 Tensor empty(IntList shape, const Tensor &like) {
-  return torch::stable::empty(shape, like.scalar_type(), std::nullopt, like.device());
+  int32_t dtype = 0, device_type = 0, device_index = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(like.get(), &dtype));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  // Contiguous strides; the callers' sizes were checked to multiply within int64.
+  std::vector<int64_t> strides(shape.size());
+  int64_t stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(shape[d], 1);
+  }
+  AtenTensorHandle handle = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()),
+                                                  shape.data(), strides.data(), dtype,
+                                                  device_type, device_index, &handle));
+  return Tensor(handle);
+}
+
+Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width) {
+  const std::array<int64_t, 2> sizes = {rows, width}, strides = {width, 1};
+  AtenTensorHandle handle = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(buffer.get(), 2, sizes.data(),
+                                                        strides.data(), offset, &handle));
+  return Tensor(handle);
 }
 
 Tensor as_rows(const Tensor &x) {
@@ -244,9 +269,9 @@ std::vector<int64_t> chain_widths(const Tensor &x, TensorList weights) {
   return widths;
 }
 
-bool &split_for_profiler() {
-  thread_local bool split = false;
-  return split;
+bool &profiler_records() {
+  thread_local bool records = false;
+  return records;
 }
 
 std::string layer_label(const char *op, int64_t layer) {

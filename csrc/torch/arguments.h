@@ -105,8 +105,17 @@ Tensor as_rows(const Tensor &x);
 // t itself when contiguous, else a contiguous copy.
 Tensor as_contiguous(const Tensor &t);
 
-// An uninitialised tensor of `like`'s dtype and device.
+// An uninitialised contiguous tensor of `like`'s dtype and device, allocated by
+// the C shim (aoti_torch_empty_strided: on CPU, ATen's allocator directly):
+// torch::stable::empty is a call of aten::empty that the dispatcher looks up by
+// name each time, ~1 us of a small op call per tensor.
 Tensor empty(IntList shape, const Tensor &like);
+
+// rows x width at `offset` elements into `buffer`, a contiguous tensor of our
+// own making (storage offset 0), by the C shim's _reinterpret_tensor: no
+// dispatcher call, unlike narrow and view. The result shares buffer's storage
+// without being its autograd view: for the kernels' own use, never returned.
+Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width);
 
 // The output shape (*, out_features) for an input of shape (*, in_features). A
 // backend allocates the op's output in this shape and writes it through a
@@ -129,12 +138,14 @@ SavedChainLayout saved_chain_layout(int64_t rows, const std::vector<int64_t> &wi
 
 std::vector<int64_t> chain_widths(const Tensor &x, TensorList weights);
 
-// Whether the ops on this thread run their layers (stages) one call each, each
-// under its own profiler label. The kernels asked at::hasCallbacks() whether a
-// profiler records; the stable ABI has no such query, and splitting always costs
-// small calls 4-13%, so Python sets this while a profiler records
-// (fusedmlp/profiling.py).
-bool &split_for_profiler();
+// Whether torch's profiler records the ops called on this thread: then they run
+// their layers (stages) one call each, each under its own profiler label, and
+// only then do they make labels at all (the C shim's RecordFunction costs a
+// small call its time whether or not anything records, and the dispatcher
+// gives every op call its own event anyway). The kernels asked
+// at::hasCallbacks(); the stable ABI has no such query, so Python sets this for
+// the calls it makes while a profiler records (fusedmlp/profiling.py).
+bool &profiler_records();
 
 // Profiler label of one layer inside a multi-layer op.
 std::string layer_label(const char *op, int64_t layer);

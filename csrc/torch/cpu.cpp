@@ -28,15 +28,20 @@ void check_status(fmlp_status status, const char *op) {
   FMLP_CHECK(status == FMLP_OK, op, ": CPU kernel failed: ", fmlp_status_string(status));
 }
 
-// A profiler event (torch.profiler, record_function) named `name` for this scope,
-// through the C shim's RecordFunction.
+// A profiler event (torch.profiler, record_function) named name() for this scope,
+// through the C shim's RecordFunction, while torch's profiler records
+// (profiler_records()); otherwise nothing, not even the name.
 class ProfilerLabel {
  public:
-  explicit ProfilerLabel(const std::string &name) {
+  template <class Name>
+  explicit ProfilerLabel(const Name &name) {
+    if (!profiler_records()) return;
     TORCH_ERROR_CODE_CHECK(
-        aoti_record_function_start(name.c_str(), nullptr, nullptr, 0, &guard_));
+        aoti_record_function_start(name().c_str(), nullptr, nullptr, 0, &guard_));
   }
-  ~ProfilerLabel() { aoti_record_function_end(guard_); }
+  ~ProfilerLabel() {
+    if (guard_ != nullptr) aoti_record_function_end(guard_);
+  }
   ProfilerLabel(const ProfilerLabel &) = delete;
   ProfilerLabel &operator=(const ProfilerLabel &) = delete;
 
@@ -64,12 +69,6 @@ const void *optional_data(const OptionalTensor &t) { return t.has_value() ? t->d
 OptionalTensor contiguous_bias(const OptionalTensor &bias) {
   if (!bias.has_value()) return std::nullopt;
   return as_contiguous(*bias);
-}
-
-// rows x width at `offset` elements into the flat buffer `saved`.
-Tensor saved_rows(const Tensor &saved, int64_t offset, int64_t rows, int64_t width) {
-  Tensor buffer = saved;
-  return torch::stable::view(torch::stable::narrow(buffer, 0, offset, rows * width), {rows, width});
 }
 
 void *offset_data(const Tensor &buffer, int64_t offset) {
@@ -132,17 +131,17 @@ struct CpuBackend {
     std::vector<int64_t> widths = chain_widths(x_rows, weights);
     std::vector<OptionalTensor> b(weights.size());
     for (size_t l = 0; l < weights.size(); ++l) b[l] = contiguous_bias(bias_at(biases, l));
-    const Tensor y = empty(y_shape, options),
-                 y_rows = torch::stable::view(y, {rows, widths.back()});
+    const Tensor y = empty(y_shape, options), y_rows = rows_at(y, 0, rows, widths.back());
     const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_activation);
-    Tensor saved = empty({save ? layout.total : 0}, options);
+    // The inference ops return y alone: their `saved` is never allocated.
+    const Tensor saved = save ? empty({layout.total}, options) : Tensor();
     const fmlp_threading threading = aten_threading();
     const bool host = fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST;
 
     // Under a profiler (and on the host-GEMM path), run layer by layer so each
     // layer gets its own event; otherwise one call runs row blocks through
     // every layer.
-    const bool per_layer = n_layers > 1 && (split_for_profiler() || host);
+    const bool per_layer = n_layers > 1 && (profiler_records() || host);
     Tensor input = x_rows;
     for (int64_t first = 0; first < n_layers; first += per_layer ? 1 : n_layers) {
       const int64_t count = per_layer ? 1 : n_layers;
@@ -151,7 +150,7 @@ struct CpuBackend {
       if (!ends_chain) {  // a single hidden layer: into saved, or a scratch tensor
         const int64_t offset = save ? layout.hidden_offset[first] : -1;
         const int64_t width = widths[first + 1];
-        out = offset >= 0 ? saved_rows(saved, offset, rows, width) : empty({rows, width}, options);
+        out = offset >= 0 ? rows_at(saved, offset, rows, width) : empty({rows, width}, options);
       }
       std::vector<fmlp_input> w_inputs;
       std::vector<const void *> b_data;
@@ -177,12 +176,13 @@ struct CpuBackend {
           .saved_pre = pre_data.data(),
           .saved_hidden = hidden_data.data(),
       };
-      const ProfilerLabel label(per_layer ? layer_label(op, first) : std::string(op));
+      const ProfilerLabel label(
+          [&] { return per_layer ? layer_label(op, first) : std::string(op); });
       if (host) {
         const int64_t offset = save ? layout.pre_offset[first] : -1;
         const int64_t width = widths[first + 1];
         const OptionalTensor pre =
-            offset >= 0 ? OptionalTensor(saved_rows(saved, offset, rows, width)) : std::nullopt;
+            offset >= 0 ? OptionalTensor(rows_at(saved, offset, rows, width)) : std::nullopt;
         host_gemm_layer(op, input, weights[first], b[first], args.final_activation, pre, out,
                         threading);
       } else {
@@ -204,12 +204,16 @@ struct CpuBackend {
     const int64_t rows = x_rows.size(0), hidden = w_gate.size(0), out_dim = w_down.size(0);
     const OptionalTensor bg = contiguous_bias(bias_gate), bu = contiguous_bias(bias_up),
                          bd = contiguous_bias(bias_down);
-    const Tensor y = empty(y_shape, options), y_rows = torch::stable::view(y, {rows, out_dim});
-    Tensor saved = empty({save ? 3 : 0, rows, hidden}, options);
+    const Tensor y = empty(y_shape, options), y_rows = rows_at(y, 0, rows, out_dim);
+    const Tensor saved = save ? empty({3, rows, hidden}, options) : Tensor();
+    // gate, up and their product, rows x hidden each
+    const auto saved_block = [&](int64_t i) {
+      return rows_at(saved, i * rows * hidden, rows, hidden);
+    };
     const fmlp_threading threading = aten_threading();
     if (fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST) {
       const auto block = [&](int64_t i) {  // gate, up, product: saved, or scratch
-        return save ? torch::stable::select(saved, 0, i) : empty({rows, hidden}, options);
+        return save ? saved_block(i) : empty({rows, hidden}, options);
       };
       host_gemm_gated(op, x_rows, {w_gate, w_up, w_down}, {bg, bu, bd}, activation,
                       {block(0), block(1), block(2)}, y_rows, threading);
@@ -217,9 +221,9 @@ struct CpuBackend {
     }
     // Under a profiler the block runs in two labelled stages (gate and up with their
     // product, then down); otherwise row blocks run through all of it in one call.
-    const bool staged = split_for_profiler();
+    const bool staged = profiler_records();
     const OptionalTensor product =
-        save ? OptionalTensor(torch::stable::select(saved, 0, 2))
+        save ? OptionalTensor(saved_block(2))
              : (staged ? OptionalTensor(empty({rows, hidden}, options)) : std::nullopt);
     fmlp_cpu_gated_args args = {
         .dtype = kernel_dtype(storage),
@@ -237,8 +241,8 @@ struct CpuBackend {
         .activation = activation,
         .y = y_rows.data_ptr(),
         .y_row_stride = y_rows.stride(0),
-        .saved_gate = save ? torch::stable::select(saved, 0, 0).data_ptr() : nullptr,
-        .saved_up = save ? torch::stable::select(saved, 0, 1).data_ptr() : nullptr,
+        .saved_gate = save ? offset_data(saved, 0) : nullptr,
+        .saved_up = save ? offset_data(saved, rows * hidden) : nullptr,
         .saved_product = product.has_value() ? product->data_ptr() : nullptr,
     };
     if (!staged) {
@@ -246,7 +250,7 @@ struct CpuBackend {
       return {y, saved};
     }
     {
-      const ProfilerLabel label(std::string(op) + ".gate_up");
+      const ProfilerLabel label([&] { return std::string(op) + ".gate_up"; });
       args.out_dim = 0;  // no down projection: stop at the product
       args.w_down = {nullptr, 0, 1};
       args.bias_down = nullptr;
@@ -254,7 +258,7 @@ struct CpuBackend {
       check_status(fmlp_cpu_gated(&args, &threading), op);
     }
     {
-      const ProfilerLabel label(std::string(op) + ".down");
+      const ProfilerLabel label([&] { return std::string(op) + ".down"; });
       const int64_t widths[2] = {hidden, out_dim};
       const fmlp_input down = input_of(w_down);
       const void *down_bias = optional_data(bd);
@@ -280,7 +284,7 @@ struct CpuBackend {
 
   static Tensor activation_backward(const Tensor &grad, const Tensor &pre,
                                     fmlp_activation activation) {
-    Tensor grad_pre = torch::stable::empty_like(grad);
+    const Tensor grad_pre = empty(grad.sizes(), grad);
     const fmlp_threading threading = aten_threading();
     check_status(fmlp_cpu_activation_backward(kernel_dtype(grad.scalar_type()), grad.numel(),
                                               grad.data_ptr(), pre.data_ptr(), activation,
@@ -292,7 +296,7 @@ struct CpuBackend {
   static TensorPair gated_backward(const Tensor &grad_product, const Tensor &gate,
                                    const Tensor &up, fmlp_activation activation) {
     const Tensor &g = grad_product;
-    Tensor grad_gate = torch::stable::empty_like(g), grad_up = torch::stable::empty_like(g);
+    const Tensor grad_gate = empty(g.sizes(), g), grad_up = empty(g.sizes(), g);
     const fmlp_threading threading = aten_threading();
     check_status(fmlp_cpu_gated_backward(kernel_dtype(g.scalar_type()), g.numel(), g.data_ptr(),
                                          gate.data_ptr(), up.data_ptr(), activation,
@@ -341,7 +345,7 @@ std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
       grad_b_data.push_back(grad_b.back().data_ptr());
     }
   }
-  Tensor grad_x = empty({need_grad_x ? rows : 0, widths[0]}, options);
+  const Tensor grad_x = need_grad_x ? empty(x.sizes(), options) : empty({0}, options);
   const fmlp_cpu_chain_backward_args args = {
       .dtype = kernel_dtype(x.scalar_type()),
       .rows = rows,
@@ -360,7 +364,6 @@ std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
   };
   const fmlp_threading threading = aten_threading();
   check_status(fmlp_cpu_chain_backward(&args, &threading), op);
-  grad_x = need_grad_x ? torch::stable::view(grad_x, x.sizes()) : empty({0}, x);
   return {grad_x, grad_w, grad_b};
 }
 
@@ -377,7 +380,7 @@ gated_mlp_backward(const Tensor &grad_y, const Tensor &x, const Tensor &w_gate,
   const auto [options, x_rows, grad, s] = backward_inputs(x, grad_y, saved);
   const Tensor &wg = w_gate, &wu = w_up, &wd = w_down;
   const int64_t rows = x_rows.size(0);
-  Tensor grad_x = empty({need_grad_x ? rows : 0, x_rows.size(1)}, options);
+  const Tensor grad_x = need_grad_x ? empty(x.sizes(), options) : empty({0}, options);
   std::array<Tensor, 3> grad_w = {empty(wg.sizes(), options), empty(wu.sizes(), options),
                                   empty(wd.sizes(), options)};
   std::array<Tensor, 3> grad_b;
@@ -395,9 +398,9 @@ gated_mlp_backward(const Tensor &grad_y, const Tensor &x, const Tensor &w_gate,
       .w_up = input_of(wu),
       .w_down = input_of(wd),
       .activation = act,
-      .saved_gate = torch::stable::select(s, 0, 0).data_ptr(),
-      .saved_up = torch::stable::select(s, 0, 1).data_ptr(),
-      .saved_product = torch::stable::select(s, 0, 2).data_ptr(),
+      .saved_gate = offset_data(s, 0),
+      .saved_up = offset_data(s, rows * wg.size(0)),
+      .saved_product = offset_data(s, 2 * rows * wg.size(0)),
       .grad_y = grad.data_ptr(),
       .grad_x = need_grad_x ? grad_x.data_ptr() : nullptr,
       .grad_w_gate = grad_w[0].data_ptr(),
@@ -413,7 +416,6 @@ gated_mlp_backward(const Tensor &grad_y, const Tensor &x, const Tensor &w_gate,
   for (size_t p = 0; p < 3; ++p) {
     if (bias[p]) present_b.push_back(grad_b[p]);
   }
-  grad_x = need_grad_x ? torch::stable::view(grad_x, x.sizes()) : empty({0}, x);
   return {grad_x, grad_w[0], grad_w[1], grad_w[2], present_b};
 }
 

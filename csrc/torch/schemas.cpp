@@ -158,11 +158,11 @@ static const char kCpuIsaDoc[] =
     "unit at or below <isa> (the default where that unit is at no level measured to beat eager, "
     "or FUSEDMLP_CPU_GEMM=aten).";
 
-static PyObject *split_for_profiler(PyObject * /*module*/, PyObject *split) {
-  const int value = PyObject_IsTrue(split);
+static PyObject *profiler_records(PyObject * /*module*/, PyObject *records) {
+  const int value = PyObject_IsTrue(records);
   if (value < 0) return nullptr;
-  const bool previous = fusedmlp::split_for_profiler();
-  fusedmlp::split_for_profiler() = value != 0;
+  const bool previous = fusedmlp::profiler_records();
+  fusedmlp::profiler_records() = value != 0;
   return PyBool_FromLong(previous);
 }
 
@@ -176,9 +176,10 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
       {"cpu_isas", cpu_isas, METH_NOARGS,
        "The registered instruction sets, lowest first: (name, compiler flags, CPU features, "
        "supported by this CPU, forced only: detection skips it) each."},
-      {"split_for_profiler", split_for_profiler, METH_O,
-       "Whether the ops on this thread run each layer (stage) as its own call under its own "
-       "profiler label: sets it, returns the previous setting (fusedmlp/profiling.py)."},
+      {"profiler_records", profiler_records, METH_O,
+       "Whether torch's profiler records the ops called on this thread (then they label "
+       "their calls, each layer (stage) its own call under its own label): sets it, returns "
+       "the previous setting (fusedmlp/profiling.py)."},
       {nullptr, nullptr, 0, nullptr}};
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fusedmlp kernels", -1, methods};
   return PyModule_Create(&module);
