@@ -16,7 +16,7 @@
 #define GATED_MR 6
 #define GATED_NR FMLP_SIMD_WIDTH
 /* Where the AVX2 kernels lose to the FMA peak (Sapphire Rapids-class Xeon,
- * scripts/avx2_efficiency.py: one thread's CPU time against the peak timed
+ * scripts/simd_efficiency.py avx2: one thread's CPU time against the peak timed
  * before each run, machine loaded by other builds, so +-15% run to run):
  * perf puts 95% of a 1-thread GeGLU call (8192 x 768 -> 3072 -> 768) in the
  * two micro-kernels (63% gated, 32% the down projection's), packing ~1%,
