@@ -26,9 +26,10 @@
  * side and alternating in one process, K blocks of 256 / 384 for the gated
  * products (each 8-wide part then finds the other's weight lines in L1) ran
  * 1.01-1.07x the time of 768, software prefetch of the weight panel 8 K
- * steps ahead 0.98-1.01x, and K blocks of 256-512 for the down projection
- * changed nothing beyond the noise (timed in pairs, 512 ran 0.93-0.94x the
- * time of 1024: now GEMM_LINEAR_KC). MKL's AVX2 sgemm
+ * steps ahead 0.98-1.01x (16 steps ahead, timed in pairs within one
+ * process, 0.95-0.98x: now PREFETCH_K_STEPS), and K blocks of 256-512 for
+ * the down projection changed nothing beyond the noise (timed in pairs, 512
+ * ran 0.93-0.94x the time of 1024: now GEMM_LINEAR_KC). MKL's AVX2 sgemm
  * (MKL_ENABLE_INSTRUCTIONS=AVX2, same process, same shapes) took 0.80-0.92x
  * our packed products' time. */
 
