@@ -37,6 +37,13 @@ static inline int64_t FN(panel_rows)(int64_t k) {
   return (k + GEMM_PACKED_K_PER_SLOT - 1) / GEMM_PACKED_K_PER_SLOT;
 }
 
+/* The largest K block of a product of one weight: GEMM_KC unless the unit's
+ * micro-kernel header cuts those finer (microkernel_simd.h); at most GEMM_KC,
+ * which sizes the input block's scratch. */
+#ifndef GEMM_LINEAR_KC
+#define GEMM_LINEAR_KC GEMM_KC
+#endif
+
 /* Weight panels packed per parallel task. */
 #define PACK_PANELS_PER_TASK ((int64_t)8)
 
@@ -173,7 +180,8 @@ static void FN(fill_empty_product)(int64_t rows, int64_t n, const STORE *bias,
  * L1 while it sweeps the weight block (nc x kc, a weight's share of half the
  * L2), whose panels stream from L2; the input block (mc x kc) takes a quarter
  * of the L2, so the weight blocks come from farther once per mc rows. K is
- * cut into equal blocks of at most GEMM_KC. Measured on the Xeon (48 KiB
+ * cut into equal blocks of at most GEMM_KC (GEMM_LINEAR_KC for one weight:
+ * see microkernel_simd.h for why those are finer). Measured on the Xeon (48 KiB
  * L1d, 2 MiB L2; C harness, one thread's CPU time with the drivers' 2-thread
  * row blocks, loaded machine, medians of 7-9 alternating runs): 2048 x (768
  * -> 3072 -> 3072 -> 768) GELU ran 600-610 ms at kc 384-512 and nc 512-768,
@@ -195,7 +203,8 @@ typedef struct {
 } FN(blocks);
 
 static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights) {
-  const int64_t most_k = GEMM_KC, l2 = fmlp_cpu_l2_bytes(), elem = (int64_t)sizeof(REAL);
+  const int64_t most_k = weights == 1 ? GEMM_LINEAR_KC : GEMM_KC;
+  const int64_t l2 = fmlp_cpu_l2_bytes(), elem = (int64_t)sizeof(REAL);
   const int64_t n_k_blocks = k > most_k ? (k + most_k - 1) / most_k : 1;
   const int64_t kc = k > 0 ? (k + n_k_blocks - 1) / n_k_blocks : 1;
   const int64_t mc = l2 / 4 / (elem / GEMM_PACKED_K_PER_SLOT) / kc / GEMM_MR * GEMM_MR;

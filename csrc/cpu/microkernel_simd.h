@@ -20,6 +20,22 @@
  * units). */
 #define GEMM_KC \
   (STORE_IS_REAL ? fmlp_cpu_l1_k_block(GEMM_MR * (int64_t)sizeof(REAL)) : ((int64_t)1 << 40))
+/* A product of one weight cuts K finer, so that the input micro-panel and
+ * the weight panel streaming past it fit the L1 together (the gated
+ * product's two weight panels would not, and keeps GEMM_KC: K blocks that
+ * small cost it more in round trips of gate and up than they save). With
+ * the input panel alone in half the L1, each call's weight panel pushed
+ * it out and both came from L2: in one process, alternating per run (one
+ * thread, loaded machine, medians of 15 pairs), 256 rows x 3072 -> 768 ran
+ * 0.89-0.91x the time on AVX-512 (K blocks of 256, not 512) and 0.93-0.94x
+ * on AVX2 (512, not 1024), 256 x 768 -> 3072 0.97x on AVX2 and the same on
+ * AVX-512. */
+static inline int64_t FN(linear_k_block)(void) {
+  const int64_t both = fmlp_cpu_l1d_bytes() / ((GEMM_MR + GEMM_NR) * (int64_t)sizeof(REAL));
+  const int64_t most = GEMM_KC;
+  return both < 64 ? 64 : both < most ? both : most;
+}
+#define GEMM_LINEAR_KC (STORE_IS_REAL ? FN(linear_k_block)() : GEMM_KC)
 #define GEMM_MC (GEMM_MR * 4)
 /* Up to this many rows the weight is read in place rather than packed
  * (chosen with `python -m fusedmlp.bench`: packing a weight costs about as
@@ -117,7 +133,36 @@ static __attribute__((unused)) void FN(pack_k_major)(const STORE *src, int64_t r
 
 #define FMLP_ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* acc[i][v] += sum_kk a_rows[i][kk * a_k_stride] * b[kk * nv * W + v * W] for
+/* K steps ahead that the packed micro-kernels ask for the weight panel's
+ * row: the panel streams from L2 past the input panel held in L1, and the
+ * hardware prefetchers alone left the FMAs waiting for it. In one
+ * process, alternating per run against the same kernels without it (one
+ * thread, loaded machine, medians of 15 pairs, 256 rows): AVX-512 768 ->
+ * 3072 0.92x the time, 3072 -> 768 0.91-0.95x, gate and up 0.94-0.97x, the
+ * whole GeGLU call 0.96x; AVX2 0.95-0.98x each (8 steps ahead: 0.99-1.01x).
+ * A prefetch past the panel's end is a hint, never a read that can fault. */
+#define PREFETCH_K_STEPS 16
+
+/* Asks for the cache lines of a packed panel's row `width` REALs wide. */
+static FMLP_ALWAYS_INLINE void FN(prefetch_panel_row)(const REAL *row, int64_t width) {
+#pragma GCC unroll 4
+  for (int64_t at = 0; at < width; at += 64 / (int64_t)sizeof(REAL)) {
+    __builtin_prefetch(row + at, 0, 3);
+  }
+}
+
+/* What the K loop compiles to (GCC, objdump of both float units): per K step
+ * NV loads of b, MR broadcasts of a straight from memory and MR x NV FMAs,
+ * no spill, no other address arithmetic than two pointer bumps per two K
+ * steps; llvm-mca (Sapphire Rapids) puts the 12 x 32 loop at 92% of the FMA
+ * ports' throughput. So the loop is not where the float GEMM loses to MKL
+ * (scripts/simd_efficiency.py, one thread, loaded machine): over panels in
+ * L1 it ran at 66-80% of the peak timed just before it (the peak itself
+ * moved 160-210 GFLOP/s with the load), the GELU(tanh) epilogue cost 28% of
+ * the time at kc 128 and 9% at kc 512; in the whole product the weight
+ * panel's trips from L2 cost more (GEMM_LINEAR_KC, PREFETCH_K_STEPS).
+ *
+ * acc[i][v] += sum_kk a_rows[i][kk * a_k_stride] * b[kk * nv * W + v * W] for
  * i < mr, v < nv: mr and nv are constants in each caller, so the tile stays in
  * registers. a_rows point at REALs (a packed panel) or, with a_stored, at
  * storage (weight rows read in place), also a constant in each caller. */
@@ -128,6 +173,7 @@ static FMLP_ALWAYS_INLINE void FN(accumulate_tile)(const int mr, const int nv,
   const int64_t b_width = (int64_t)nv * FMLP_SIMD_WIDTH;
 #pragma GCC unroll 2
   for (int64_t kk = 0; kk < kc; ++kk) {
+    if (!a_stored) FN(prefetch_panel_row)(b + (kk + PREFETCH_K_STEPS) * b_width, b_width);
     vreal b_k[GEMM_NV];
 #pragma GCC unroll 8
     for (int v = 0; v < nv; ++v) b_k[v] = v_load(b + kk * b_width + v * FMLP_SIMD_WIDTH);
@@ -392,6 +438,8 @@ static __attribute__((unused)) void FN(microkernel_gated)(int64_t kc, const REAL
                        cols);
 #pragma GCC unroll 2
   for (int64_t kk = 0; kk < kc; ++kk) {
+    FN(prefetch_panel_row)(b_gate + (kk + PREFETCH_K_STEPS) * GEMM_NR, GATED_NR);
+    FN(prefetch_panel_row)(b_up + (kk + PREFETCH_K_STEPS) * GEMM_NR, GATED_NR);
     vreal bg[GATED_NV], bu[GATED_NV];
 #pragma GCC unroll 8
     for (int v = 0; v < GATED_NV; ++v) {

@@ -16,7 +16,7 @@
 #define GATED_MR 6
 #define GATED_NR FMLP_SIMD_WIDTH
 /* Where the AVX2 kernels lose to the FMA peak (Sapphire Rapids-class Xeon,
- * scripts/avx2_efficiency.py: one thread's CPU time against the peak timed
+ * scripts/simd_efficiency.py avx2: one thread's CPU time against the peak timed
  * before each run, machine loaded by other builds, so +-15% run to run):
  * perf puts 95% of a 1-thread GeGLU call (8192 x 768 -> 3072 -> 768) in the
  * two micro-kernels (63% gated, 32% the down projection's), packing ~1%,
@@ -26,8 +26,10 @@
  * side and alternating in one process, K blocks of 256 / 384 for the gated
  * products (each 8-wide part then finds the other's weight lines in L1) ran
  * 1.01-1.07x the time of 768, software prefetch of the weight panel 8 K
- * steps ahead 0.98-1.01x, and K blocks of 256-512 for the down projection
- * changed nothing beyond the noise. MKL's AVX2 sgemm
+ * steps ahead 0.98-1.01x (16 steps ahead, timed in pairs within one
+ * process, 0.95-0.98x: now PREFETCH_K_STEPS), and K blocks of 256-512 for
+ * the down projection changed nothing beyond the noise (timed in pairs, 512
+ * ran 0.93-0.94x the time of 1024: now GEMM_LINEAR_KC). MKL's AVX2 sgemm
  * (MKL_ENABLE_INSTRUCTIONS=AVX2, same process, same shapes) took 0.80-0.92x
  * our packed products' time. */
 

@@ -1,29 +1,41 @@
-/* Where the AVX2 float32 kernels lose to the FMA peak (issue 18): one thread's
- * CPU time (so other processes on the cores cost it little), best of REPEATS,
- * for the GeGLU block's parts, from the micro-kernel alone to the whole call:
+/* Where a SIMD float32 unit (AVX2 or AVX-512) loses to the FMA peak and to
+ * MKL (issues 12, 13, 18): one thread's CPU time (so other processes on the
+ * cores cost it little), best of REPEATS, for the GeGLU block's parts, from
+ * the micro-kernel alone to the whole call:
  *
  *   micro-kernel  the gated and the linear micro-kernel over the same
  *                 input and weight panels again and again (in L1 up to kc
- *                 256, in L2 beyond), GELU(tanh) epilogue included
+ *                 256, in L2 beyond), with a GELU(tanh) epilogue and, for
+ *                 the linear one, without any (the K loop alone)
  *   gated rows    gate and up of a row block (gemm_gated_rows: packing the
  *                 input, the cache blocks, the micro-kernel, the epilogue)
+ *   up rows       one of them alone, no activation (gemm_rows), the shape
+ *                 MKL is timed on
  *   down rows     the down projection of a row block (gemm_rows)
- *   whole         fmlp_cpu_gated_f32_avx2, its weights packed in the call
+ *   mkl           MKL's sgemm on the up and down rows' shapes, its weight
+ *                 packed once beforehand as ours is (cblas_sgemm_pack and
+ *                 _compute), when the script hands over a library with MKL
+ *   whole         fmlp_cpu_gated_f32_<isa>, its weights packed in the call
  *
- * The peak: 12 independent ymm FMA chains, timed before each run.
+ * The peak: 12 independent FMA chains of the unit's vectors, timed before
+ * each run.
  *
- * Built by scripts/avx2_efficiency.py: this file includes the AVX2 float32
- * unit itself, for its static parts, and is compiled with its flags. */
+ * Built by scripts/simd_efficiency.py: this file includes the unit itself
+ * (FMLP_UNIT_SOURCE), for its static parts, and is compiled with its flags. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "kernels_f32_avx2.c"
+#ifndef FMLP_UNIT_SOURCE
+#error "compile with -DFMLP_UNIT_SOURCE='\"kernels_f32_<isa>.c\"'"
+#endif
+#include FMLP_UNIT_SOURCE
 
-enum { REPEATS = 11, DIM = 768, HIDDEN = 3072 };
+enum { REPEATS = 11, DIM = 768, HIDDEN = 3072, PEAK_CHAINS = 12 };
 
 static double cpu_now(void) {
   struct timespec t;
@@ -40,19 +52,19 @@ static float *filled(int64_t n, unsigned seed) {
   return p;
 }
 
-/* GFLOP/s of 12 independent ymm FMA chains for `iters` steps. */
+/* GFLOP/s of PEAK_CHAINS independent vector FMA chains for `iters` steps. */
 static double peak_gflops(long iters) {
-  __m256 b = _mm256_set1_ps(1.0000001f), c = _mm256_set1_ps(1e-7f), a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps((float)i);
+  vreal b = v_set1(1.0000001f), c = v_set1(1e-7f), a[PEAK_CHAINS];
+  for (int i = 0; i < PEAK_CHAINS; ++i) a[i] = v_set1((float)i);
   const double t0 = cpu_now();
   for (long n = 0; n < iters; ++n) {
-    __asm__ volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]));
+    __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]));
 #pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
+    for (int i = 0; i < PEAK_CHAINS; ++i) a[i] = v_fma(a[i], b, c);
   }
-  const double gflops = iters * 12.0 * 16 / (cpu_now() - t0) / 1e9;
-  float sum[8];
-  _mm256_storeu_ps(sum, a[0]);
+  const double gflops = iters * PEAK_CHAINS * 2.0 * FMLP_SIMD_WIDTH / (cpu_now() - t0) / 1e9;
+  float sum[FMLP_SIMD_WIDTH];
+  v_store(sum, a[0]);
   return sum[0] == 1.25f ? gflops + 1e-9 : gflops;
 }
 
@@ -74,10 +86,17 @@ static timing best_of(void (*fn)(void *), void *context, double flops) {
   return best;
 }
 
+static void report(const char *what, void (*fn)(void *), void *context, double flops) {
+  const timing t = best_of(fn, context, flops);
+  printf("%-36s %8.3f ms %7.1f GFLOP/s %5.1f%% of peak\n", what, t.seconds * 1e3, t.gflops,
+         100 * t.fraction);
+}
+
 /* ---- the micro-kernels over panels in L1 ---- */
 
 typedef struct {
   int64_t kc, calls;
+  fmlp_activation activation;
   float *a, *b_gate, *b_up, *gate, *up, *product;
 } micro_job;
 
@@ -93,18 +112,20 @@ static void gated_l1(void *context) {
   const micro_job *j = context;
   const FN(gated_tile_epilogue) ep = {.gate = j->gate, .up = j->up, .gate_up_stride = GEMM_NR,
                                       .product = j->product, .product_stride = GEMM_NR,
-                                      .activation = FMLP_ACT_GELU_TANH, .first_k_block = 1,
+                                      .activation = j->activation, .first_k_block = 1,
                                       .last_k_block = 1};
   for (int64_t n = 0; n < j->calls; ++n) {
-    for (int64_t j0 = 0; j0 < GEMM_NR; j0 += GATED_NR) {
-      gated_kernel(j->kc, j->a, j->b_gate + j0, j->b_up + j0, GATED_MR, GATED_NR, &ep);
+    for (int64_t i0 = 0; i0 < GEMM_MR; i0 += GATED_MR) {
+      for (int64_t j0 = 0; j0 < GEMM_NR; j0 += GATED_NR) {
+        gated_kernel(j->kc, j->a + i0, j->b_gate + j0, j->b_up + j0, GATED_MR, GATED_NR, &ep);
+      }
     }
   }
 }
 
 static void linear_l1(void *context) {
   const micro_job *j = context;
-  const FN(tile_epilogue) ep = {.activation = FMLP_ACT_GELU_TANH, .first_k_block = 1,
+  const FN(tile_epilogue) ep = {.activation = j->activation, .first_k_block = 1,
                                 .last_k_block = 1};
   for (int64_t n = 0; n < j->calls; ++n) {
     linear_kernel(j->kc, j->a, j->b_gate, j->product, GEMM_NR, GEMM_MR, GEMM_NR, &ep);
@@ -127,10 +148,57 @@ static void gated_rows(void *context) {
                       j->input_pack);
 }
 
+static void up_rows(void *context) {
+  block_job *j = context;
+  FN(gemm_rows)((fmlp_input){j->x, DIM, 1}, j->rows, &j->up, NULL, FMLP_ACT_NONE, j->up_out,
+                HIDDEN, NULL, 0, j->input_pack);
+}
+
 static void down_rows(void *context) {
   block_job *j = context;
   FN(gemm_rows)((fmlp_input){j->product, HIDDEN, 1}, j->rows, &j->down, NULL, FMLP_ACT_NONE,
                 j->y, DIM, NULL, 0, j->input_pack);
+}
+
+/* ---- MKL's sgemm on the same shapes (its CBLAS, LP64, from the library the
+ * script names: torch's libtorch_cpu.so carries it; one thread, as the
+ * script sets MKL_NUM_THREADS) ---- */
+
+enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112, CBLAS_PACKED = 151,
+       CBLAS_B_MATRIX = 162 };
+typedef size_t (*pack_get_size_fn)(int, int, int, int);
+typedef void (*pack_fn)(int, int, int, int, int, int, float, const float *, int, float *);
+typedef void (*compute_fn)(int, int, int, int, int, int, const float *, int, const float *, int,
+                           float, float *, int);
+
+typedef struct {
+  compute_fn compute;
+  int m, n, k;
+  const float *a;
+  float *packed_b, *c;
+} mkl_job;
+
+static void mkl_rows(void *context) {
+  const mkl_job *j = context;
+  j->compute(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_PACKED, j->m, j->n, j->k, j->a, j->k,
+             j->packed_b, j->n, 0.0f, j->c, j->n);
+}
+
+/* c[m, n] = a[m, k] @ w[n, k].T through MKL with w packed first. */
+static void report_mkl(const char *what, void *library, int m, int n, int k, const float *a,
+                       const float *w, float *c) {
+  const pack_get_size_fn get_size = (pack_get_size_fn)dlsym(library, "cblas_sgemm_pack_get_size");
+  const pack_fn pack = (pack_fn)dlsym(library, "cblas_sgemm_pack");
+  const compute_fn compute = (compute_fn)dlsym(library, "cblas_sgemm_compute");
+  if (get_size == NULL || pack == NULL || compute == NULL) {
+    printf("%-36s (no MKL packed sgemm in the library)\n", what);
+    return;
+  }
+  float *packed = aligned_alloc(64, (get_size(CBLAS_B_MATRIX, m, n, k) + 63) / 64 * 64);
+  pack(CBLAS_ROW_MAJOR, CBLAS_B_MATRIX, CBLAS_TRANS, m, n, k, 1.0f, w, k, packed);
+  const mkl_job j = {compute, m, n, k, a, packed, c};
+  report(what, mkl_rows, (void *)&j, 2.0 * m * n * k);
+  free(packed);
 }
 
 typedef struct {
@@ -142,29 +210,31 @@ static void whole(void *context) {
   if (FN(fmlp_cpu_gated)(&j->args, NULL) != FMLP_OK) exit(1);
 }
 
-static void report(const char *what, void (*fn)(void *), void *context, double flops) {
-  const timing t = best_of(fn, context, flops);
-  printf("%-34s %8.3f ms %7.1f GFLOP/s %5.1f%% of peak\n", what, t.seconds * 1e3, t.gflops,
-         100 * t.fraction);
-}
-
 int main(int argc, char **argv) {
   const int64_t block = argc > 1 ? atoll(argv[1]) : 120, rows = argc > 2 ? atoll(argv[2]) : 1024;
-  const char *parts = argc > 3 ? argv[3] : "micro,rows,whole"; /* which parts to time */
-  printf("one thread, AVX2 FMA peak ~%.1f GFLOP/s; row block %lld, whole call %lld rows\n",
-         peak_gflops(20000000), (long long)block, (long long)rows);
+  const char *parts = argc > 3 ? argv[3] : "micro,rows,mkl,whole"; /* which parts to time */
+  void *mkl = argc > 4 ? dlopen(argv[4], RTLD_NOW | RTLD_GLOBAL) : NULL;
+  printf("one thread, %d-float vectors, FMA peak ~%.1f GFLOP/s; tile %dx%lld, gated %dx%lld; "
+         "row block %lld, whole call %lld rows\n",
+         FMLP_SIMD_WIDTH, peak_gflops(20000000), GEMM_MR, (long long)GEMM_NR, GATED_MR,
+         (long long)GATED_NR, (long long)block, (long long)rows);
 
   static const int64_t kcs[] = {128, 256, 512, 768};
   for (size_t i = 0; i < sizeof kcs / sizeof kcs[0] && strstr(parts, "micro"); ++i) {
     const int64_t kc = kcs[i];
-    micro_job m = {.kc = kc, .calls = 40000 * 128 / kc, .a = filled(GEMM_MR * kc, 1),
-                   .b_gate = filled(GEMM_NR * kc, 2), .b_up = filled(GEMM_NR * kc, 3),
-                   .gate = filled(GEMM_MR * GEMM_NR, 4), .up = filled(GEMM_MR * GEMM_NR, 5),
-                   .product = filled(GEMM_MR * GEMM_NR, 6)};
+    micro_job m = {.kc = kc, .calls = 40000 * 128 / kc, .activation = FMLP_ACT_GELU_TANH,
+                   .a = filled(GEMM_MR * kc, 1), .b_gate = filled(GEMM_NR * kc, 2),
+                   .b_up = filled(GEMM_NR * kc, 3), .gate = filled(GEMM_MR * GEMM_NR, 4),
+                   .up = filled(GEMM_MR * GEMM_NR, 5), .product = filled(GEMM_MR * GEMM_NR, 6)};
+    /* as many multiply-adds per call at every width: 40000 6 x 16 tiles' worth at kc 128 */
+    m.calls = m.calls * 6 * 16 / (GEMM_MR * GEMM_NR);
     char what[64];
     snprintf(what, sizeof what, "gated micro-kernel, kc %lld", (long long)kc);
     report(what, gated_l1, &m, 2.0 * 2 * GEMM_MR * GEMM_NR * kc * m.calls);
     snprintf(what, sizeof what, "linear micro-kernel, kc %lld", (long long)kc);
+    report(what, linear_l1, &m, 2.0 * GEMM_MR * GEMM_NR * kc * m.calls);
+    m.activation = FMLP_ACT_NONE;
+    snprintf(what, sizeof what, "linear, no activation, kc %lld", (long long)kc);
     report(what, linear_l1, &m, 2.0 * GEMM_MR * GEMM_NR * kc * m.calls);
     free(m.a), free(m.b_gate), free(m.b_up), free(m.gate), free(m.up), free(m.product);
   }
@@ -180,14 +250,20 @@ int main(int argc, char **argv) {
       FN(pack_weight)((fmlp_input){wd, HIDDEN, 1}, DIM, HIDDEN, packed, NULL, NULL, &b.down)) {
     return 1;
   }
-  const FN(blocks) gated_blocks = FN(choose_blocks)(DIM, 2), down_blocks = FN(choose_blocks)(HIDDEN, 1);
+  const FN(blocks) gated_blocks = FN(choose_blocks)(DIM, 2);
+  const FN(blocks) down_blocks = FN(choose_blocks)(HIDDEN, 1);
   printf("blocks: gated kc %lld mc %lld nc %lld; down kc %lld mc %lld nc %lld\n",
          (long long)gated_blocks.kc, (long long)gated_blocks.mc, (long long)gated_blocks.nc,
          (long long)down_blocks.kc, (long long)down_blocks.mc, (long long)down_blocks.nc);
-  const double gated_flops = 2.0 * 2 * block * DIM * HIDDEN, down_flops = 2.0 * block * DIM * HIDDEN;
+  const double one_flops = 2.0 * block * DIM * HIDDEN;
   if (strstr(parts, "rows")) {
-    report("gated rows (gemm_gated_rows)", gated_rows, &b, gated_flops);
-    report("down rows (gemm_rows)", down_rows, &b, down_flops);
+    report("gated rows (gemm_gated_rows)", gated_rows, &b, 2 * one_flops);
+    report("up rows (gemm_rows, no activation)", up_rows, &b, one_flops);
+    report("down rows (gemm_rows)", down_rows, &b, one_flops);
+  }
+  if (strstr(parts, "mkl") && mkl != NULL) {
+    report_mkl("MKL up rows (packed sgemm)", mkl, (int)block, HIDDEN, DIM, x, wu, b.up_out);
+    report_mkl("MKL down rows (packed sgemm)", mkl, (int)block, DIM, HIDDEN, b.product, wd, y);
   }
 
   whole_job w = {.args = {.dtype = FMLP_F32, .rows = rows, .dim = DIM, .hidden = HIDDEN,
