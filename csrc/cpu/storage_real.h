@@ -2,6 +2,7 @@
  * STORE is its REAL reads and writes memory as it computes, and its
  * micro-kernels may keep partial sums between K blocks in the output. */
 #define STORE_IS_REAL 1
+#define STORE_ROUNDS_TO_BF16 0 /* activations as accurate as float allows */
 #define to_real(s) (s)
 #define to_store(r) (r)
 #ifdef FMLP_SIMD_WIDTH

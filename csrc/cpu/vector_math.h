@@ -5,7 +5,17 @@
  * which only moves sigmoid-like results smaller than 1e-36), erf is
  * Abramowitz-Stegun 7.1.26 with that exp (max abs error ~1.5e-7, like
  * PyTorch's Vectorized<float>::erf); tanh-GELU goes through sigmoid rather
- * than tanh (see v_gelu_tanh). NaN propagates through every function. */
+ * than tanh (see v_gelu_tanh). NaN propagates through every function.
+ *
+ * Units whose storage is bfloat16 (STORE_ROUNDS_TO_BF16, set by
+ * storage_bf16.h) round every result to 8 significant bits, so they take
+ * cheaper forms whose error stays ~400 times inside half a bf16 ulp: exp's
+ * polynomial is a degree-4 minimax one (max relative error 5.3e-6 instead of
+ * ~1e-7), and erf-GELU is x Phi(x) with Phi(-|x|) = erfc(|x|/sqrt2)/2 from
+ * the same A-S terms, picked or subtracted from 1 by the sign of x: fewer
+ * operations than 0.5 x (1 + erf) and no cancellation for negative x. NaN,
+ * +-inf and -0 come out as in the float units (tests/test_activation_bf16.py).
+ * The float units keep the forms above bit for bit. */
 #include <math.h>
 
 #include "fusedmlp/fusedmlp.h"
@@ -17,12 +27,19 @@ static inline vreal FN(v_exp)(vreal x) {
   /* r = x - n ln2, with ln2 split in two so that r is exact */
   vreal r = v_fma(n, v_set1(-0.693359375f), clamped);
   r = v_fma(n, v_set1(2.12194440e-4f), r);
+  /* exp(r) = 1 + r + r^2 p(r) for |r| <= ln2 / 2 */
+#if STORE_ROUNDS_TO_BF16
+  vreal p = v_set1(4.127736762e-2f);
+  p = v_fma(p, r, v_set1(1.675360203e-1f));
+  p = v_fma(p, r, v_set1(5.000512600e-1f));
+#else
   vreal p = v_set1(1.9875691500e-4f);
   p = v_fma(p, r, v_set1(1.3981999507e-3f));
   p = v_fma(p, r, v_set1(8.3334519073e-3f));
   p = v_fma(p, r, v_set1(4.1665795894e-2f));
   p = v_fma(p, r, v_set1(1.6666665459e-1f));
   p = v_fma(p, r, v_set1(5.0000001201e-1f));
+#endif
   p = v_fma(p, v_mul(r, r), v_add(r, v_set1(1.0f)));
   vreal y = v_mul(p, v_pow2_int(n));
   /* beyond float range: exp overflows to inf and underflows to 0, as expf does */
@@ -30,29 +47,49 @@ static inline vreal FN(v_exp)(vreal x) {
   return v_select_greater(v_set1(-87.33654022216797f), x, v_zero(), y);
 }
 
-static inline vreal FN(v_erf)(vreal x) {
-  const vreal ax = v_abs(x);
+/* A-S 7.1.26's erfc(a) / 2 for a >= 0 as t p(t) exp(-a^2) / 2, the
+ * factor `scale` folded into p's coefficients. */
+static inline vreal FN(v_erfc_scaled)(vreal a, float scale) {
   const vreal one = v_set1(1.0f);
-  const vreal t = v_div(one, v_fma(v_set1(0.3275911f), ax, one));
-  vreal r = v_set1(1.061405429f);
-  r = v_fma(r, t, v_set1(-1.453152027f));
-  r = v_fma(r, t, v_set1(1.421413741f));
-  r = v_fma(r, t, v_set1(-0.284496736f));
-  r = v_fma(r, t, v_set1(0.254829592f));
+  const vreal t = v_div(one, v_fma(v_set1(0.3275911f), a, one));
+  vreal r = v_set1(1.061405429f * scale);
+  r = v_fma(r, t, v_set1(-1.453152027f * scale));
+  r = v_fma(r, t, v_set1(1.421413741f * scale));
+  r = v_fma(r, t, v_set1(-0.284496736f * scale));
+  r = v_fma(r, t, v_set1(0.254829592f * scale));
   r = v_mul(r, t);
-  const vreal e = FN(v_exp)(v_sub(v_zero(), v_mul(ax, ax)));
-  return v_copysign(v_sub(one, v_mul(r, e)), x);
+  return v_mul(r, FN(v_exp)(v_sub(v_zero(), v_mul(a, a))));
 }
 
+static inline vreal FN(v_erf)(vreal x) {
+  return v_copysign(v_sub(v_set1(1.0f), FN(v_erfc_scaled)(v_abs(x), 1.0f)), x);
+}
 /* The same formulas as the scalar activate_row (activation.h) and PyTorch,
  * so NaN and +-inf come out the same. */
 static inline vreal FN(v_relu)(vreal v) {
   return v_max(v_zero(), v); /* NaN is the second operand: it propagates */
 }
 
+/* Phi(z), the standard normal's CDF. For bfloat16 from its tail
+ * Phi(-|z|) = erfc(|z| / sqrt2) / 2, kept or subtracted from 1 by the sign
+ * of z: 0.5 (1 + erf) cancels for negative z (Phi(-5.7) comes out 6.5
+ * bfloat16 ulps off in GELU's slope), the tail does not. */
+static inline vreal FN(v_normal_cdf)(vreal z) {
+#if STORE_ROUNDS_TO_BF16
+  const vreal tail = FN(v_erfc_scaled)(v_abs(v_mul(z, v_set1(0.70710678118654752f))), 0.5f);
+  return v_select_greater(z, v_zero(), v_sub(v_set1(1.0f), tail), tail);
+#else
+  return v_mul(v_set1(0.5f), v_add(v_set1(1.0f), FN(v_erf)(v_mul(z, v_set1(0.70710678118654752f)))));
+#endif
+}
+
 static inline vreal FN(v_gelu)(vreal v) {
+#if STORE_ROUNDS_TO_BF16
+  return v_mul(v, FN(v_normal_cdf)(v));
+#else /* PyTorch's order of operations */
   const vreal cdf_doubled = v_add(v_set1(1.0f), FN(v_erf)(v_mul(v, v_set1(0.70710678118654752f))));
   return v_mul(v_mul(v_set1(0.5f), v), cdf_doubled);
+#endif
 }
 
 /* 0.5 z (1 + tanh(u)) as z sigmoid(2u): the same value without 1 + tanh(u)
@@ -116,8 +153,7 @@ static void FN(activate_span)(REAL *v, int64_t n, fmlp_activation activation) {
 
 /* act'(z), the same formulas as the scalar activation_grad_row (activation.h). */
 static inline vreal FN(v_gelu_grad)(vreal z) {
-  const vreal one = v_set1(1.0f), half = v_set1(0.5f);
-  const vreal cdf = v_mul(half, v_add(one, FN(v_erf)(v_mul(z, v_set1(0.70710678118654752f)))));
+  const vreal cdf = FN(v_normal_cdf)(z);
   const vreal pdf =
       v_mul(v_set1(0.39894228040143267794f), FN(v_exp)(v_mul(v_mul(z, z), v_set1(-0.5f))));
   return v_fma(z, pdf, cdf);
