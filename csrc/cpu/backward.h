@@ -1,6 +1,8 @@
 /* Backward drivers (template: see real_template.h; include after
  * drivers.h): the pointwise passes through activations, and a whole chain's
- * gradients through the forward's GEMM core. */
+ * or gated block's gradients through the forward's GEMM core, each in one
+ * parallel region: few rows split the products' columns over the threads,
+ * many rows their rows. */
 #include <string.h>
 
 #define POINTWISE_CHUNK ((int64_t)1 << 14)
@@ -56,13 +58,11 @@ fmlp_status FN(fmlp_cpu_gated_backward)(int64_t n, const void *grad_product, con
   return FMLP_OK;
 }
 
-/* ---- a chain's backward ---- */
+/* ---- many rows: every product split by rows, in one parallel region ---- */
 
 static fmlp_input FN(transposed)(fmlp_input m) {
   return (fmlp_input){m.data, m.col_stride, m.row_stride};
 }
-
-/* ---- many rows: every product split by rows, in one parallel region ---- */
 
 /* A backward's products c[rows, n] (contiguous) = x[rows, k] @ w[n, k].T run
  * through the forward's packing and micro-kernels (gemm_rows), but as stages
@@ -494,6 +494,8 @@ static fmlp_status FN(gated_backward_few_rows)(const fmlp_cpu_gated_block_backwa
   return status;
 }
 #endif
+
+/* ---- a chain's backward ---- */
 
 /* A chain's backward over many rows. Per layer l, from the last: grad_pre_l
  * = grad_h * act'(pre_l) with its column sums (grad_bias_l), dW_l =
