@@ -647,20 +647,21 @@ fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
 
 /* ---- the gated block's backward ---- */
 
-/* A gated block's backward over many rows, as stages (see split_product):
- *  0: colsum(grad_y) chunks (grad_b_down); pack product^T and W_down^T.
- *  1: grad_W_down = grad_y^T @ product and grad_product = grad_y @ W_down
- *     (into grad_gate), turned on each task's rows into grad_gate (in place)
- *     and grad_up, with their column sums' chunks.
- *  2: pack x^T (shared by grad_W_gate and grad_W_up) and W_gate^T.
- *  3: grad_W_gate = grad_gate^T @ x, grad_W_up = grad_up^T @ x and grad_x =
- *     grad_gate @ W_gate.
- *  4: pack W_up^T (where W_gate^T was).
- *  5: from_up = grad_up @ W_up, added into grad_x on each task's rows; the
+/* A gated block's backward over many rows, as stages (see split_product)
+ * that alternate between packing one weight and the products that read it:
+ *  0: colsum(grad_y) chunks (grad_b_down); pack product^T.
+ *  1: grad_W_down = grad_y^T @ product.            2: pack W_down^T.
+ *  3: grad_product = grad_y @ W_down (into grad_gate), turned on each task's
+ *     rows into grad_gate (in place) and grad_up, with their sums' chunks.
+ *  4: pack x^T.   5: grad_W_gate = grad_gate^T @ x, grad_W_up = grad_up^T @ x.
+ *  6: pack W_gate^T.   7: grad_x = grad_gate @ W_gate.   8: pack W_up^T.
+ *  9: from_up = grad_up @ W_up, added into grad_x on each task's rows; the
  *     bias sums.
- * Two pack buffers, each reused once, keep the scratch near one weight's
- * pack: packing all five at once would take 2.6x the memory, fresh pages
- * the kernel clears on every call. */
+ * One pack buffer, the largest pack's size, serves them all: packing the next
+ * weight while a product runs would need two, and scratch this large comes
+ * back as fresh pages the kernel clears on every call (at 256 tokens, 768 ->
+ * 3072 -> 768 float32, two buffers, 12.6 MiB against 9.4, doubled the page
+ * clearing to ~9% of the micro-kernel's samples). */
 typedef struct {
   const fmlp_cpu_gated_block_backward_args *args;
   FN(split_product) w_down, product, w_gate, w_up, gate_x, up_x;
@@ -687,10 +688,14 @@ static void FN(rows_gated_part)(const void *block, int64_t stage, int64_t task, 
         FN(chunk_sums)(a->grad_y, r0, count, a->out_dim, FN(rows_gated_partial)(bw, 2));
       }
       FN(pack_share)(&bw->w_down, task, n_tasks);
+      return;
+    case 1:
+      FN(product_share)(&bw->w_down, task, n_tasks, input_pack, &r0, &count);
+      return;
+    case 2:
       FN(pack_share)(&bw->product, task, n_tasks);
       return;
-    case 1: {
-      FN(product_share)(&bw->w_down, task, n_tasks, input_pack, &r0, &count);
+    case 3: {
       FN(product_share)(&bw->product, task, n_tasks, input_pack, &r0, &count);
       /* grad_up = grad * act(gate); grad_gate = grad * up * act'(gate) */
       const int64_t at = r0 * h;
@@ -706,17 +711,21 @@ static void FN(rows_gated_part)(const void *block, int64_t stage, int64_t task, 
       }
       return;
     }
-    case 2:
+    case 4:
       /* one pack of x^T for both products */
       FN(pack_share)(bw->gate_x.c != NULL ? &bw->gate_x : &bw->up_x, task, n_tasks);
-      FN(pack_share)(&bw->w_gate, task, n_tasks);
       return;
-    case 3:
+    case 5:
       FN(product_share)(&bw->gate_x, task, n_tasks, input_pack, &r0, &count);
       FN(product_share)(&bw->up_x, task, n_tasks, input_pack, &r0, &count);
+      return;
+    case 6:
+      FN(pack_share)(&bw->w_gate, task, n_tasks);
+      return;
+    case 7:
       FN(product_share)(&bw->w_gate, task, n_tasks, input_pack, &r0, &count);
       return;
-    case 4:
+    case 8:
       FN(pack_share)(&bw->w_up, task, n_tasks);
       return;
     default:
@@ -739,11 +748,10 @@ static void FN(rows_gated_part)(const void *block, int64_t stage, int64_t task, 
 static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_args *a,
                                            const fmlp_threading *threading) {
   const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
-  int64_t first = FN(packed_weight_elems)(h, rows), second = FN(packed_weight_elems)(h, out);
-  FN(max_elems)(&first, FN(packed_weight_elems)(dim, rows));
-  FN(max_elems)(&second, FN(packed_weight_elems)(dim, h));
-  int64_t pack_elems = first, partial_cols = 2 * h, multiply_adds;
-  FN(add_elems)(&pack_elems, second);
+  int64_t pack_elems = FN(packed_weight_elems)(h, rows), partial_cols = 2 * h, multiply_adds;
+  FN(max_elems)(&pack_elems, FN(packed_weight_elems)(h, out));
+  FN(max_elems)(&pack_elems, FN(packed_weight_elems)(dim, rows));
+  FN(max_elems)(&pack_elems, FN(packed_weight_elems)(dim, h));
   FN(add_elems)(&partial_cols, out);
   if (pack_elems < 0 || partial_cols < 0) return FMLP_ERR_SIZE_OVERFLOW;
   if (!fmlp_checked_mul(2 * rows * h, 2 * dim + out, &multiply_adds)) multiply_adds = INT64_MAX;
@@ -760,19 +768,18 @@ static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_a
     bw.grad_up = bw.grad_gate + rows * h;
     const fmlp_input grad_y = {a->grad_y, out, 1}, product = {a->saved_product, h, 1};
     const fmlp_input grad_gate = {bw.grad_gate, h, 1}, grad_up = {bw.grad_up, h, 1};
-    REAL *pack_x = packs, *pack_w = packs + first;
     bw.w_down = FN(split_product_of)(FN(transposed)(grad_y), out, FN(transposed)(product), h,
-                                     rows, a->grad_w_down, pack_x);
+                                     rows, a->grad_w_down, packs);
     bw.product = FN(split_product_of)(grad_y, rows, FN(transposed)(a->w_down), h, out,
-                                      bw.grad_gate, pack_w);
+                                      bw.grad_gate, packs);
     bw.gate_x = FN(split_product_of)(FN(transposed)(grad_gate), h, FN(transposed)(a->x), dim,
-                                     rows, a->grad_w_gate, pack_x);
+                                     rows, a->grad_w_gate, packs);
     bw.up_x = FN(split_product_of)(FN(transposed)(grad_up), h, FN(transposed)(a->x), dim, rows,
-                                   a->grad_w_up, pack_x);
+                                   a->grad_w_up, packs);
     bw.w_gate = FN(split_product_of)(grad_gate, rows, FN(transposed)(a->w_gate), dim, h,
-                                     a->grad_x, pack_w);
+                                     a->grad_x, packs);
     bw.w_up = FN(split_product_of)(grad_up, rows, FN(transposed)(a->w_up), dim, h,
-                                   a->grad_x != NULL ? bw.from_up : NULL, pack_w);
+                                   a->grad_x != NULL ? bw.from_up : NULL, packs);
     FN(advise_output)(a->grad_w_gate, h, dim, dim);
     FN(advise_output)(a->grad_w_up, h, dim, dim);
     FN(advise_output)(a->grad_w_down, out, h, h);
@@ -784,7 +791,7 @@ static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_a
     }
     status = FN(rows_split)(threading, multiply_adds, input_pack, &split);
   }
-  if (status == FMLP_OK) FN(run_rows_stages)(&split, 6, FN(rows_gated_part), &bw);
+  if (status == FMLP_OK) FN(run_rows_stages)(&split, 10, FN(rows_gated_part), &bw);
   free(split.packs);
   free(bw.partial);
   free(bw.from_up);
