@@ -1,6 +1,8 @@
 /* Backward drivers (template: see real_template.h; include after
  * drivers.h): the pointwise passes through activations, and a whole chain's
- * gradients through the forward's GEMM core. */
+ * or gated block's gradients through the forward's GEMM core, each in one
+ * parallel region: few rows split the products' columns over the threads,
+ * many rows their rows. */
 #include <string.h>
 
 #define POINTWISE_CHUNK ((int64_t)1 << 14)
@@ -56,110 +58,130 @@ fmlp_status FN(fmlp_cpu_gated_backward)(int64_t n, const void *grad_product, con
   return FMLP_OK;
 }
 
-/* ---- a chain's backward ---- */
+/* ---- many rows: every product split by rows, in one parallel region ---- */
 
 static fmlp_input FN(transposed)(fmlp_input m) {
   return (fmlp_input){m.data, m.col_stride, m.row_stride};
 }
 
-/* c[rows, n] (contiguous) = x[rows, k] @ w[n, k].T, as a one-layer chain
- * without bias or activation: the forward's packing, micro-kernels and
- * threads, over whatever strides x and w have. The weight is packed into
- * `pack` (packed_weight_elems(n, k) elements), one buffer for all of a
- * backward's products: fresh scratch for each put the kernel's clearing of
- * new pages at 7% of a 256-token gated backward's samples. */
-static fmlp_status FN(product)(fmlp_input x, int64_t rows, fmlp_input w, int64_t n, int64_t k,
-                               STORE *c, REAL *pack, const fmlp_threading *threading) {
-  if (rows == 0) return FMLP_OK;
-  const int64_t widths[2] = {k, n};
-  const fmlp_cpu_chain_args args = {
-      .rows = rows,
-      .n_layers = 1,
-      .widths = widths,
-      .x = x,
-      .weights = &w,
-      .hidden_activation = FMLP_ACT_NONE,
-      .final_activation = FMLP_ACT_NONE,
-      .y = c,
-      .y_row_stride = n,
-  };
-  FN(advise_output)(c, rows, n, n);
-  FN(packed_weight) packed;
-  const fmlp_status status = FN(pack_weight)(w, n, k, rows, threading, pack, &packed);
-  return status == FMLP_OK ? FN(run_chain)(&args, &packed, threading) : status;
+/* A backward's products c[rows, n] (contiguous) = x[rows, k] @ w[n, k].T run
+ * through the forward's packing and micro-kernels (gemm_rows), but as stages
+ * of one parallel region (run_column_stages) rather than a fork/join per
+ * pack, pointwise pass and product: each task packs its share of the next
+ * products' weight panels and multiplies its share of the rows, and the
+ * pointwise work on a product's output follows on the rows its task just
+ * wrote, while they are in cache. The weight (a transposed view: an
+ * activation for dW, a weight for dX) is packed into the caller's buffer,
+ * one pack serving every product that reads it (gate and up's dW share x's). */
+typedef struct {
+  fmlp_input x;
+  int64_t rows;
+  FN(packed_weight) w; /* data NULL: read in place, or nothing to pack */
+  STORE *c;            /* NULL: the product is not wanted */
+} FN(split_product);
+
+static FN(split_product) FN(split_product_of)(fmlp_input x, int64_t rows, fmlp_input w,
+                                              int64_t n, int64_t k, STORE *c, REAL *pack) {
+  FN(split_product) p = {x, rows, {.data = NULL, .source = w, .n = n, .k = k}, c};
+  if (c != NULL && n > 0 && k > 0 && !FN(weight_stays_unpacked)(w, rows)) p.w.data = pack;
+  return p;
 }
 
-/* *most = the larger of itself and packed_weight_elems(n, k); -1 once any
- * of them overflows. */
-static void FN(room_for_pack)(int64_t *most, int64_t n, int64_t k) {
-  const int64_t elems = FN(packed_weight_elems)(n, k);
+/* Task `task` of n_tasks packs its share of p's weight panels. */
+static void FN(pack_share)(const FN(split_product) *p, int64_t task, int64_t n_tasks) {
+  if (p->w.data == NULL) return;
+  const int64_t n_panels = (p->w.n + GEMM_NR - 1) / GEMM_NR;
+  int64_t first, count;
+  FN(even_split)((n_panels + PACK_PANELS_PER_TASK - 1) / PACK_PANELS_PER_TASK, 1, n_tasks, task,
+                 &first, &count);
+  if (count > 0) FN(pack_weight_panels)((void *)&p->w, first, first + count);
+}
+
+/* Task `task` of n_tasks's rows [*r0, *r0 + *count) of p (whole MR-row
+ * tiles), computed when p is wanted. Each element sums over K in the same
+ * blocks however the rows are split: gradients do not depend on the thread
+ * count. */
+static void FN(product_share)(const FN(split_product) *p, int64_t task, int64_t n_tasks,
+                              REAL *input_pack, int64_t *r0, int64_t *count) {
+  FN(even_split)(p->rows, GEMM_MR, n_tasks, task, r0, count);
+  if (p->c == NULL || *count == 0) return;
+  const fmlp_input x = {(const STORE *)p->x.data + *r0 * p->x.row_stride, p->x.row_stride,
+                        p->x.col_stride};
+  FN(gemm_rows)(x, *count, &p->w, NULL, FMLP_ACT_NONE, p->c + *r0 * p->w.n, p->w.n, NULL, 0,
+                input_pack);
+}
+
+/* Elements of one task's input pack for p; -1 on overflow. */
+static int64_t FN(product_input_pack)(const FN(split_product) *p) {
+  return p->c != NULL ? FN(input_pack_elems)(p->rows, p->w.k) : 0;
+}
+
+/* Bias gradients are column sums over rows, summed in REAL per chunk of
+ * GEMM_MR rows (a task's rows are whole chunks, see product_share), then
+ * over the chunks in order: the same sums at any thread count. */
+#define SUM_CHUNK_ROWS GEMM_MR
+
+static int64_t FN(sum_chunks)(int64_t rows) {
+  return (rows + SUM_CHUNK_ROWS - 1) / SUM_CHUNK_ROWS;
+}
+
+/* partial[chunk * width + j] = sum of m[r, j] over the chunk's rows, for the
+ * chunks of rows [r0, r0 + count); nothing for partial NULL. */
+static void FN(chunk_sums)(const STORE *m, int64_t r0, int64_t count, int64_t width,
+                           REAL *partial) {
+  if (partial == NULL) return;
+  for (int64_t c0 = r0; c0 < r0 + count; c0 += SUM_CHUNK_ROWS) {
+    const int64_t end = r0 + count - c0 < SUM_CHUNK_ROWS ? r0 + count : c0 + SUM_CHUNK_ROWS;
+    REAL *sums = partial + c0 / SUM_CHUNK_ROWS * width;
+    memset(sums, 0, (size_t)width * sizeof(REAL));
+    for (int64_t r = c0; r < end; ++r) {
+      const STORE *row = m + r * width;
+      for (int64_t j = 0; j < width; ++j) sums[j] += to_real(row[j]);
+    }
+  }
+}
+
+/* Task `task` of n_tasks's columns of sums = the chunks' partial sums added
+ * in order, rounded once; nothing for sums NULL. */
+static void FN(reduce_sums_share)(const REAL *partial, int64_t n_chunks, int64_t width,
+                                  STORE *sums, int64_t task, int64_t n_tasks) {
+  if (sums == NULL) return;
+  int64_t j0, count;
+  FN(even_split)(width, GEMM_NR, n_tasks, task, &j0, &count);
+  for (int64_t j = j0; j < j0 + count; ++j) {
+    REAL sum = 0;
+    for (int64_t chunk = 0; chunk < n_chunks; ++chunk) sum += partial[chunk * width + j];
+    sums[j] = to_store(sum);
+  }
+}
+
+/* *total += elems (both known not to have overflowed); -1 once either has. */
+static void FN(add_elems)(int64_t *total, int64_t elems) {
+  if (*total < 0 || elems < 0 || !fmlp_checked_add(*total, elems, total)) *total = -1;
+}
+
+/* *most = the larger of itself and elems; -1 once either is. */
+static void FN(max_elems)(int64_t *most, int64_t elems) {
   if (*most >= 0) *most = elems < 0 ? -1 : elems > *most ? elems : *most;
 }
 
-/* Scratch for the packed weights of the products room_for_pack counted. */
-static fmlp_status FN(alloc_pack)(int64_t elems, REAL **pack) {
-  if (elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
-  *pack = fmlp_alloc_scratch(elems, sizeof(REAL));
-  return *pack != NULL ? FMLP_OK : FMLP_ERR_OUT_OF_MEMORY;
+/* The parallel region's split: threading's threads when the multiply-adds
+ * pay for a fork, each with its own input pack of pack_elems (>= 0). */
+static fmlp_status FN(rows_split)(const fmlp_threading *threading, int64_t multiply_adds,
+                                  int64_t pack_elems, FN(column_split) *split) {
+  if (pack_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
+  const int use = threading != NULL && threading->n_threads > 1 &&
+                  multiply_adds >= PARALLEL_MIN_MULTIPLY_ADDS;
+  const int64_t n_tasks = use ? threading->n_threads : 1;
+  *split = (FN(column_split)){use ? threading : NULL, NULL, pack_elems};
+  split->packs = fmlp_alloc_matrices(n_tasks, 1, pack_elems, sizeof(REAL));
+  return split->packs != NULL ? FMLP_OK : FMLP_ERR_OUT_OF_MEMORY;
 }
 
-/* One layer's grad_pre = grad * act'(pre) (pre NULL: grad_pre is grad
- * itself, nothing is written) and, when partial_sums is set, each chunk's
- * column sums of it. */
-typedef struct {
-  int64_t rows, width, chunk_rows;
-  const STORE *grad, *pre;
-  STORE *grad_pre;     /* may be grad itself; unused without pre */
-  REAL *partial_sums; /* n_chunks x width, or NULL */
-  fmlp_activation activation;
-} FN(grad_pre_job);
-
-static void FN(grad_pre_task)(void *context, int64_t begin, int64_t end) {
-  const FN(grad_pre_job) *job = context;
-  const int64_t width = job->width;
-  for (int64_t chunk = begin; chunk < end; ++chunk) {
-    const int64_t r0 = chunk * job->chunk_rows;
-    const int64_t r1 = job->rows - r0 < job->chunk_rows ? job->rows : r0 + job->chunk_rows;
-    REAL *sums = job->partial_sums != NULL ? job->partial_sums + chunk * width : NULL;
-    if (sums != NULL) memset(sums, 0, (size_t)width * sizeof(REAL));
-    for (int64_t r = r0; r < r1; ++r) {
-      const STORE *grad_pre = job->grad + r * width;
-      if (job->pre != NULL) {
-        STORE *out = job->grad_pre + r * width;
-        FN(activation_grad_span)(out, grad_pre, job->pre + r * width, width, job->activation);
-        grad_pre = out;
-      }
-      if (sums != NULL) {
-        for (int64_t j = 0; j < width; ++j) sums[j] += to_real(grad_pre[j]);
-      }
-    }
-  }
-}
-
-/* grad_pre (rows x width) and, when grad_bias is set, its column sums,
- * added up chunk by chunk in a fixed order so the result does not depend on
- * which thread ran which chunk. */
-static fmlp_status FN(grad_pre_pass)(FN(grad_pre_job) job, STORE *grad_bias,
-                                     const fmlp_threading *threading) {
-  if (job.pre == NULL && grad_bias == NULL) return FMLP_OK;
-  job.chunk_rows = job.width > 0 && job.width < POINTWISE_CHUNK ? POINTWISE_CHUNK / job.width : 1;
-  const int64_t n_chunks = (job.rows + job.chunk_rows - 1) / job.chunk_rows;
-  job.partial_sums = NULL;
-  if (grad_bias != NULL) {
-    job.partial_sums = fmlp_alloc_matrices(n_chunks, job.width, 1, sizeof(REAL));
-    if (job.partial_sums == NULL) return FMLP_ERR_OUT_OF_MEMORY;
-  }
-  FN(run_tasks)(FN(threading_for)(threading, job.rows * job.width, PARALLEL_MIN_ELEMENTS),
-                n_chunks, &job, FN(grad_pre_task));
-  if (grad_bias != NULL) {
-    for (int64_t j = 0; j < job.width; ++j) {
-      REAL sum = 0; /* in REAL, rounded once */
-      for (int64_t chunk = 0; chunk < n_chunks; ++chunk) sum += job.partial_sums[chunk * job.width + j];
-      grad_bias[j] = to_store(sum);
-    }
-    free(job.partial_sums);
-  }
-  return FMLP_OK;
+/* Runs the stages (see run_column_stages) over `split`. */
+static void FN(run_rows_stages)(const FN(column_split) *split, int64_t n_stages,
+                                FN(stage_part_fn) part, const void *block) {
+  FN(run_column_stages)(split, n_stages, part, block, split->packs);
 }
 
 #if FMLP_TRANSPOSED_KERNELS
@@ -473,138 +495,315 @@ static fmlp_status FN(gated_backward_few_rows)(const fmlp_cpu_gated_block_backwa
 }
 #endif
 
-/* Per layer l, from the last: grad_pre = grad_h * act'(pre_l) with its
- * column sums (grad_bias), grad_W = grad_pre^T @ h_l, and grad_h for the
- * layer below = grad_pre @ W_l (grad_x below the first). The two products
- * read transposed views, whose rows lie next to each other (packed K-major
- * by plain copies). grad_h and grad_pre ping-pong through two rows x
- * max-width scratch matrices, grad_pre overwriting grad_h in place. */
+/* ---- a chain's backward ---- */
+
+/* A chain's backward over many rows. Per layer l, from the last: grad_pre_l
+ * = grad_h * act'(pre_l) with its column sums (grad_bias_l), dW_l =
+ * grad_pre_l^T @ h_l and grad_h below = grad_pre_l @ W_l (grad_x below the
+ * first), both products reading transposed views packed by plain copies.
+ * Each stage packs the weight the next stage multiplies, so a pack is read
+ * soon after it is written, much of it still in the L2 (a 512-wide layer at
+ * 256 rows packs 1.5 MiB for its two products): stage 0, grad_pre of the top layer and dW's pack; then per
+ * layer l, from the top, one stage of dW_l's rows and dX_l's pack, one of
+ * dX_l's rows, grad_pre of the layer below on those rows (in place) and the
+ * next dW pack; last, the bias sums. grad_pre ping-pongs through two rows x
+ * max-width matrices. */
+typedef struct {
+  const fmlp_cpu_chain_backward_args *args;
+  FN(split_product) *dw, *dx; /* per layer */
+  STORE *scratch;
+  REAL *partial; /* per layer sum_chunks(rows) x max_width, or NULL */
+  int64_t max_width;
+} FN(rows_backward);
+
+static STORE *FN(rows_grad_pre)(const FN(rows_backward) *bw, int64_t l) {
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  const int64_t top = a->n_layers - 1;
+  if (l == top && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y;
+  return bw->scratch + ((top - l) % 2) * a->rows * bw->max_width;
+}
+
+static REAL *FN(rows_partial)(const FN(rows_backward) *bw, int64_t l) {
+  if (bw->partial == NULL) return NULL;
+  return bw->partial + l * FN(sum_chunks)(bw->args->rows) * bw->max_width;
+}
+
+/* Rows [r0, r0 + count) of layer l's grad_pre from its grad (grad_y, or its
+ * own grad_pre buffer), and their chunks' column sums. */
+static void FN(finish_grad_pre_rows)(const FN(rows_backward) *bw, int64_t l, const STORE *grad,
+                                     int64_t r0, int64_t count) {
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  const int64_t width = a->widths[l + 1];
+  const fmlp_activation activation =
+      l == a->n_layers - 1 ? a->final_activation : a->hidden_activation;
+  STORE *grad_pre = FN(rows_grad_pre)(bw, l);
+  if (activation != FMLP_ACT_NONE) {
+    const STORE *pre = a->saved_pre[l];
+    for (int64_t r = r0; r < r0 + count; ++r) {
+      FN(activation_grad_span)(grad_pre + r * width, grad + r * width, pre + r * width, width,
+                               activation);
+    }
+  }
+  FN(chunk_sums)(grad_pre, r0, count, width, FN(rows_partial)(bw, l));
+}
+
+static void FN(rows_backward_part)(const void *block, int64_t stage, int64_t task,
+                                   int64_t n_tasks, REAL *input_pack) {
+  const FN(rows_backward) *bw = block;
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  const int64_t n_layers = a->n_layers, top = n_layers - 1;
+  int64_t r0, count;
+  if (stage == 2 * n_layers + 1) {
+    for (int64_t l = 0; l < n_layers && a->grad_biases != NULL; ++l) {
+      FN(reduce_sums_share)(FN(rows_partial)(bw, l), FN(sum_chunks)(a->rows), a->widths[l + 1],
+                            a->grad_biases[l], task, n_tasks);
+    }
+    return;
+  }
+  if (stage == 0) {
+    FN(even_split)(a->rows, SUM_CHUNK_ROWS, n_tasks, task, &r0, &count);
+    FN(finish_grad_pre_rows)(bw, top, a->grad_y, r0, count);
+    FN(pack_share)(&bw->dw[top], task, n_tasks);
+    return;
+  }
+  const int64_t l = n_layers - (stage + 1) / 2;
+  if (stage % 2 == 1) {
+    FN(product_share)(&bw->dw[l], task, n_tasks, input_pack, &r0, &count);
+    FN(pack_share)(&bw->dx[l], task, n_tasks);
+    return;
+  }
+  FN(product_share)(&bw->dx[l], task, n_tasks, input_pack, &r0, &count);
+  if (l == 0) return;
+  FN(finish_grad_pre_rows)(bw, l - 1, bw->dx[l].c, r0, count);
+  FN(pack_share)(&bw->dw[l - 1], task, n_tasks);
+}
+
+static fmlp_status FN(chain_backward_rows)(const fmlp_cpu_chain_backward_args *a,
+                                           const fmlp_threading *threading) {
+  const int64_t rows = a->rows, n_layers = a->n_layers;
+  FN(rows_backward) bw = {.args = a};
+  int64_t dw_pack = 0, dx_pack = 0, input_pack = 0, multiply_adds = 0;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const int64_t width = a->widths[l + 1], k = a->widths[l];
+    if (width > bw.max_width) bw.max_width = width;
+    FN(max_elems)(&dw_pack, FN(packed_weight_elems)(k, rows));
+    FN(max_elems)(&dx_pack, FN(packed_weight_elems)(k, width));
+    int64_t layer;
+    if (!fmlp_checked_mul(2 * rows * k, width, &layer)) layer = -1;
+    FN(add_elems)(&multiply_adds, layer);
+  }
+  if (multiply_adds < 0) multiply_adds = INT64_MAX; /* saturated: it only chooses the split */
+  int64_t pack_elems = dw_pack;
+  FN(add_elems)(&pack_elems, dx_pack);
+  if (pack_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
+  bw.dw = calloc((size_t)(2 * n_layers), sizeof(*bw.dw));
+  REAL *packs = fmlp_alloc_scratch(pack_elems, sizeof(REAL));
+  bw.scratch = fmlp_alloc_matrices(2, rows, bw.max_width, sizeof(STORE));
+  if (a->grad_biases != NULL) {
+    bw.partial = fmlp_alloc_matrices(n_layers * FN(sum_chunks)(rows), 1, bw.max_width,
+                                     sizeof(REAL));
+  }
+  fmlp_status status = FMLP_OK;
+  if (bw.dw == NULL || packs == NULL || bw.scratch == NULL ||
+      (a->grad_biases != NULL && bw.partial == NULL)) {
+    status = FMLP_ERR_OUT_OF_MEMORY;
+  }
+  FN(column_split) split = {NULL, NULL, 0};
+  if (status == FMLP_OK) {
+    bw.dx = bw.dw + n_layers;
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const int64_t width = a->widths[l + 1], k = a->widths[l];
+      const fmlp_input grad_pre = {FN(rows_grad_pre)(&bw, l), width, 1};
+      const fmlp_input input = l == 0 ? a->x : (fmlp_input){a->saved_hidden[l - 1], k, 1};
+      STORE *grad_below = l > 0 ? FN(rows_grad_pre)(&bw, l - 1) : a->grad_x;
+      bw.dw[l] = FN(split_product_of)(FN(transposed)(grad_pre), width, FN(transposed)(input), k,
+                                      rows, a->grad_weights[l], packs);
+      bw.dx[l] = FN(split_product_of)(grad_pre, rows, FN(transposed)(a->weights[l]), k, width,
+                                      grad_below, packs + dw_pack);
+      if (bw.dw[l].c != NULL) FN(advise_output)(bw.dw[l].c, width, k, k);
+      FN(max_elems)(&input_pack, FN(product_input_pack)(&bw.dw[l]));
+      FN(max_elems)(&input_pack, FN(product_input_pack)(&bw.dx[l]));
+    }
+    status = FN(rows_split)(threading, multiply_adds, input_pack, &split);
+  }
+  if (status == FMLP_OK) {
+    FN(run_rows_stages)(&split, 2 * n_layers + 2, FN(rows_backward_part), &bw);
+  }
+  free(split.packs);
+  free(bw.partial);
+  free(bw.scratch);
+  free(packs);
+  free(bw.dw);
+  return status;
+}
+
 fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
                                         const fmlp_threading *threading) {
 #if FMLP_TRANSPOSED_KERNELS
   if (FN(few_rows_backward_fits)(a)) return FN(chain_backward_few_rows)(a, threading);
 #endif
-  const int64_t rows = a->rows;
-  int64_t max_width = 0, pack_elems = 0;
-  for (int64_t l = 0; l < a->n_layers; ++l) {
-    if (a->widths[l + 1] > max_width) max_width = a->widths[l + 1];
-    FN(room_for_pack)(&pack_elems, a->widths[l], rows);              /* dW */
-    FN(room_for_pack)(&pack_elems, a->widths[l], a->widths[l + 1]); /* dX */
-  }
-  REAL *pack = NULL;
-  fmlp_status status = FN(alloc_pack)(pack_elems, &pack);
-  STORE *scratch = fmlp_alloc_matrices(2, rows, max_width, sizeof(STORE));
-  if (status == FMLP_OK && scratch == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
-  STORE *ping_pong[2] = {scratch, scratch != NULL ? scratch + rows * max_width : NULL};
-  const STORE *grad = a->grad_y;
-  for (int64_t l = a->n_layers - 1, side = 0; l >= 0 && status == FMLP_OK; --l, side ^= 1) {
-    const int64_t width = a->widths[l + 1], k = a->widths[l];
-    const fmlp_activation activation =
-        l == a->n_layers - 1 ? a->final_activation : a->hidden_activation;
-    const STORE *pre = activation == FMLP_ACT_NONE ? NULL : a->saved_pre[l];
-    const FN(grad_pre_job) job = {.rows = rows, .width = width, .grad = grad, .pre = pre,
-                                  .grad_pre = ping_pong[side], .activation = activation};
-    const STORE *grad_pre = pre != NULL ? ping_pong[side] : grad;
-    status = FN(grad_pre_pass)(job, a->grad_biases != NULL ? a->grad_biases[l] : NULL,
-                               threading);
-    const fmlp_input grad_pre_rows = {grad_pre, width, 1};
-    const fmlp_input layer_input = l == 0 ? a->x : (fmlp_input){a->saved_hidden[l - 1], k, 1};
-    if (status == FMLP_OK && a->grad_weights[l] != NULL) {
-      status = FN(product)(FN(transposed)(grad_pre_rows), width, FN(transposed)(layer_input), k,
-                           rows, a->grad_weights[l], pack, threading);
-    }
-    STORE *grad_below = l > 0 ? ping_pong[side ^ 1] : a->grad_x;
-    if (status == FMLP_OK && grad_below != NULL) {
-      status = FN(product)(grad_pre_rows, rows, FN(transposed)(a->weights[l]), k, width,
-                           grad_below, pack, threading);
-    }
-    grad = grad_below;
-  }
-  free(scratch);
-  free(pack);
-  return status;
+  return FN(chain_backward_rows)(a, threading);
 }
 
 /* ---- the gated block's backward ---- */
 
-/* sums[j] = sum over rows of m[r, j], m contiguous; no-op for sums NULL. */
-static fmlp_status FN(column_sums)(const STORE *m, int64_t rows, int64_t width, STORE *sums,
-                                   const fmlp_threading *threading) {
-  const FN(grad_pre_job) job = {.rows = rows, .width = width, .grad = m};
-  return FN(grad_pre_pass)(job, sums, threading);
+/* A gated block's backward over many rows, as stages (see split_product)
+ * that alternate between packing one weight and the products that read it:
+ *  0: colsum(grad_y) chunks (grad_b_down); pack product^T.
+ *  1: grad_W_down = grad_y^T @ product.            2: pack W_down^T.
+ *  3: grad_product = grad_y @ W_down (into grad_gate), turned on each task's
+ *     rows into grad_gate (in place) and grad_up, with their sums' chunks.
+ *  4: pack x^T.   5: grad_W_gate = grad_gate^T @ x, grad_W_up = grad_up^T @ x.
+ *  6: pack W_gate^T.   7: grad_x = grad_gate @ W_gate.   8: pack W_up^T.
+ *  9: from_up = grad_up @ W_up, added into grad_x on each task's rows; the
+ *     bias sums.
+ * One pack buffer, the largest pack's size, serves them all: packing the next
+ * weight while a product runs would need two, and scratch this large comes
+ * back as fresh pages the kernel clears on every call (at 256 tokens, 768 ->
+ * 3072 -> 768 float32, two buffers, 12.6 MiB against 9.4, doubled the page
+ * clearing to ~9% of the micro-kernel's samples). */
+typedef struct {
+  const fmlp_cpu_gated_block_backward_args *args;
+  FN(split_product) w_down, product, w_gate, w_up, gate_x, up_x;
+  STORE *grad_gate, *grad_up, *from_up;
+  REAL *partial; /* chunks x (hidden, hidden, out_dim): gate, up, down */
+} FN(rows_gated_backward);
+
+static REAL *FN(rows_gated_partial)(const FN(rows_gated_backward) *bw, int64_t which) {
+  const fmlp_cpu_gated_block_backward_args *a = bw->args;
+  const int64_t chunks = FN(sum_chunks)(a->rows);
+  return bw->partial + chunks * a->hidden * (which < 2 ? which : 2);
 }
 
-/* From the top: grad_b_down = colsum(grad_y), grad_W_down = grad_y^T @
- * product, grad_product = grad_y @ W_down; the pointwise pass turns
- * grad_product (in place) into grad_gate and fills grad_up; then their
- * column sums, grad_W_gate = grad_gate^T @ x, grad_W_up = grad_up^T @ x and
- * grad_x = grad_gate @ W_gate + grad_up @ W_up (the second product into
- * scratch, then added). */
+static void FN(rows_gated_part)(const void *block, int64_t stage, int64_t task, int64_t n_tasks,
+                                REAL *input_pack) {
+  const FN(rows_gated_backward) *bw = block;
+  const fmlp_cpu_gated_block_backward_args *a = bw->args;
+  const int64_t h = a->hidden, dim = a->dim, chunks = FN(sum_chunks)(a->rows);
+  int64_t r0, count;
+  switch (stage) {
+    case 0:
+      FN(even_split)(a->rows, SUM_CHUNK_ROWS, n_tasks, task, &r0, &count);
+      if (a->grad_bias_down != NULL) {
+        FN(chunk_sums)(a->grad_y, r0, count, a->out_dim, FN(rows_gated_partial)(bw, 2));
+      }
+      FN(pack_share)(&bw->w_down, task, n_tasks);
+      return;
+    case 1:
+      FN(product_share)(&bw->w_down, task, n_tasks, input_pack, &r0, &count);
+      return;
+    case 2:
+      FN(pack_share)(&bw->product, task, n_tasks);
+      return;
+    case 3: {
+      FN(product_share)(&bw->product, task, n_tasks, input_pack, &r0, &count);
+      /* grad_up = grad * act(gate); grad_gate = grad * up * act'(gate) */
+      const int64_t at = r0 * h;
+      const STORE *gate = a->saved_gate, *up = a->saved_up;
+      FN(pointwise_job) job = {count * h, bw->grad_gate + at, gate + at, up + at,
+                               bw->grad_gate + at, bw->grad_up + at, a->activation};
+      FN(pointwise_backward_task)(&job, 0, (job.n + POINTWISE_CHUNK - 1) / POINTWISE_CHUNK);
+      if (a->grad_bias_gate != NULL) {
+        FN(chunk_sums)(bw->grad_gate, r0, count, h, FN(rows_gated_partial)(bw, 0));
+      }
+      if (a->grad_bias_up != NULL) {
+        FN(chunk_sums)(bw->grad_up, r0, count, h, FN(rows_gated_partial)(bw, 1));
+      }
+      return;
+    }
+    case 4:
+      /* one pack of x^T for both products */
+      FN(pack_share)(bw->gate_x.c != NULL ? &bw->gate_x : &bw->up_x, task, n_tasks);
+      return;
+    case 5:
+      FN(product_share)(&bw->gate_x, task, n_tasks, input_pack, &r0, &count);
+      FN(product_share)(&bw->up_x, task, n_tasks, input_pack, &r0, &count);
+      return;
+    case 6:
+      FN(pack_share)(&bw->w_gate, task, n_tasks);
+      return;
+    case 7:
+      FN(product_share)(&bw->w_gate, task, n_tasks, input_pack, &r0, &count);
+      return;
+    case 8:
+      FN(pack_share)(&bw->w_up, task, n_tasks);
+      return;
+    default:
+      FN(product_share)(&bw->w_up, task, n_tasks, input_pack, &r0, &count);
+      if (bw->w_up.c != NULL) {
+        STORE *grad_x = a->grad_x;
+        for (int64_t i = r0 * dim; i < (r0 + count) * dim; ++i) {
+          grad_x[i] = to_store(to_real(grad_x[i]) + to_real(bw->from_up[i]));
+        }
+      }
+      FN(reduce_sums_share)(FN(rows_gated_partial)(bw, 0), chunks, h, a->grad_bias_gate, task,
+                            n_tasks);
+      FN(reduce_sums_share)(FN(rows_gated_partial)(bw, 1), chunks, h, a->grad_bias_up, task,
+                            n_tasks);
+      FN(reduce_sums_share)(FN(rows_gated_partial)(bw, 2), chunks, a->out_dim, a->grad_bias_down,
+                            task, n_tasks);
+  }
+}
+
+static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_args *a,
+                                           const fmlp_threading *threading) {
+  const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
+  int64_t pack_elems = FN(packed_weight_elems)(h, rows), partial_cols = 2 * h, multiply_adds;
+  FN(max_elems)(&pack_elems, FN(packed_weight_elems)(h, out));
+  FN(max_elems)(&pack_elems, FN(packed_weight_elems)(dim, rows));
+  FN(max_elems)(&pack_elems, FN(packed_weight_elems)(dim, h));
+  FN(add_elems)(&partial_cols, out);
+  if (pack_elems < 0 || partial_cols < 0) return FMLP_ERR_SIZE_OVERFLOW;
+  if (!fmlp_checked_mul(2 * rows * h, 2 * dim + out, &multiply_adds)) multiply_adds = INT64_MAX;
+  FN(rows_gated_backward) bw = {.args = a};
+  REAL *packs = fmlp_alloc_scratch(pack_elems, sizeof(REAL));
+  bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
+  bw.from_up = fmlp_alloc_matrices(1, rows, dim, sizeof(STORE));
+  bw.partial = fmlp_alloc_matrices(FN(sum_chunks)(rows), 1, partial_cols, sizeof(REAL));
+  fmlp_status status = FMLP_OK;
+  FN(column_split) split = {NULL, NULL, 0};
+  if (packs == NULL || bw.grad_gate == NULL || bw.from_up == NULL || bw.partial == NULL) {
+    status = FMLP_ERR_OUT_OF_MEMORY;
+  } else {
+    bw.grad_up = bw.grad_gate + rows * h;
+    const fmlp_input grad_y = {a->grad_y, out, 1}, product = {a->saved_product, h, 1};
+    const fmlp_input grad_gate = {bw.grad_gate, h, 1}, grad_up = {bw.grad_up, h, 1};
+    bw.w_down = FN(split_product_of)(FN(transposed)(grad_y), out, FN(transposed)(product), h,
+                                     rows, a->grad_w_down, packs);
+    bw.product = FN(split_product_of)(grad_y, rows, FN(transposed)(a->w_down), h, out,
+                                      bw.grad_gate, packs);
+    bw.gate_x = FN(split_product_of)(FN(transposed)(grad_gate), h, FN(transposed)(a->x), dim,
+                                     rows, a->grad_w_gate, packs);
+    bw.up_x = FN(split_product_of)(FN(transposed)(grad_up), h, FN(transposed)(a->x), dim, rows,
+                                   a->grad_w_up, packs);
+    bw.w_gate = FN(split_product_of)(grad_gate, rows, FN(transposed)(a->w_gate), dim, h,
+                                     a->grad_x, packs);
+    bw.w_up = FN(split_product_of)(grad_up, rows, FN(transposed)(a->w_up), dim, h,
+                                   a->grad_x != NULL ? bw.from_up : NULL, packs);
+    FN(advise_output)(a->grad_w_gate, h, dim, dim);
+    FN(advise_output)(a->grad_w_up, h, dim, dim);
+    FN(advise_output)(a->grad_w_down, out, h, h);
+    int64_t input_pack = 0;
+    const FN(split_product) *products[] = {&bw.w_down, &bw.product, &bw.gate_x,
+                                           &bw.up_x,   &bw.w_gate,  &bw.w_up};
+    for (size_t p = 0; p < sizeof(products) / sizeof(*products); ++p) {
+      FN(max_elems)(&input_pack, FN(product_input_pack)(products[p]));
+    }
+    status = FN(rows_split)(threading, multiply_adds, input_pack, &split);
+  }
+  if (status == FMLP_OK) FN(run_rows_stages)(&split, 10, FN(rows_gated_part), &bw);
+  free(split.packs);
+  free(bw.partial);
+  free(bw.from_up);
+  free(bw.grad_gate);
+  free(packs);
+  return status;
+}
+
 fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backward_args *a,
                                               const fmlp_threading *threading) {
 #if FMLP_TRANSPOSED_KERNELS
   if (FN(few_rows_gated_fits)(a)) return FN(gated_backward_few_rows)(a, threading);
 #endif
-  const int64_t rows = a->rows, h = a->hidden;
-  int64_t pack_elems = 0;
-  FN(room_for_pack)(&pack_elems, h, rows);         /* grad_W_down */
-  FN(room_for_pack)(&pack_elems, h, a->out_dim);   /* grad_product */
-  FN(room_for_pack)(&pack_elems, a->dim, rows);    /* grad_W_gate, grad_W_up */
-  FN(room_for_pack)(&pack_elems, a->dim, h);       /* grad_x */
-  REAL *pack = NULL;
-  fmlp_status status = FN(alloc_pack)(pack_elems, &pack);
-  STORE *grad_gate = status == FMLP_OK ? fmlp_alloc_matrices(2, rows, h, sizeof(STORE)) : NULL;
-  if (status == FMLP_OK && grad_gate == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
-  if (status != FMLP_OK) {
-    free(pack);
-    return status;
-  }
-  STORE *grad_up = grad_gate + rows * h;
-  const fmlp_input grad_y = {a->grad_y, a->out_dim, 1};
-  const fmlp_input grad_gate_rows = {grad_gate, h, 1}, grad_up_rows = {grad_up, h, 1};
-  status = FN(column_sums)(a->grad_y, rows, a->out_dim, a->grad_bias_down, threading);
-  if (status == FMLP_OK && a->grad_w_down != NULL) {
-    const fmlp_input product = {a->saved_product, h, 1};
-    status = FN(product)(FN(transposed)(grad_y), a->out_dim, FN(transposed)(product), h, rows,
-                         a->grad_w_down, pack, threading);
-  }
-  if (status == FMLP_OK) {
-    status = FN(product)(grad_y, rows, FN(transposed)(a->w_down), h, a->out_dim, grad_gate,
-                         pack, threading);
-  }
-  if (status == FMLP_OK) {
-    const FN(pointwise_job) job = {rows * h, grad_gate, a->saved_gate, a->saved_up,
-                                   grad_gate, grad_up, a->activation};
-    FN(run_pointwise)(&job, threading);
-    status = FN(column_sums)(grad_gate, rows, h, a->grad_bias_gate, threading);
-  }
-  if (status == FMLP_OK) status = FN(column_sums)(grad_up, rows, h, a->grad_bias_up, threading);
-  if (status == FMLP_OK && a->grad_w_gate != NULL) {
-    status = FN(product)(FN(transposed)(grad_gate_rows), h, FN(transposed)(a->x), a->dim, rows,
-                         a->grad_w_gate, pack, threading);
-  }
-  if (status == FMLP_OK && a->grad_w_up != NULL) {
-    status = FN(product)(FN(transposed)(grad_up_rows), h, FN(transposed)(a->x), a->dim, rows,
-                         a->grad_w_up, pack, threading);
-  }
-  if (status == FMLP_OK && a->grad_x != NULL) {
-    status = FN(product)(grad_gate_rows, rows, FN(transposed)(a->w_gate), a->dim, h, a->grad_x,
-                         pack, threading);
-    STORE *from_up = status == FMLP_OK ? fmlp_alloc_matrices(1, rows, a->dim, sizeof(STORE)) : NULL;
-    if (status == FMLP_OK && from_up == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
-    if (status == FMLP_OK) {
-      status = FN(product)(grad_up_rows, rows, FN(transposed)(a->w_up), a->dim, h, from_up,
-                           pack, threading);
-    }
-    if (status == FMLP_OK) {
-      STORE *grad_x = a->grad_x;
-      for (int64_t i = 0; i < rows * a->dim; ++i) {
-        grad_x[i] = to_store(to_real(grad_x[i]) + to_real(from_up[i]));
-      }
-    }
-    free(from_up);
-  }
-  free(grad_gate);
-  free(pack);
-  return status;
+  return FN(gated_backward_rows)(a, threading);
 }
