@@ -341,12 +341,19 @@ static void FN(microkernel_transposed_narrow)(int64_t k, const void *const *w_ro
 #define DOT_MAX_ROWS 4
 #define DOT_WEIGHT_ROWS 4
 
-static void FN(dot_tile)(int64_t k, const STORE *const x_rows[DOT_MAX_ROWS],
-                         const STORE *const w_rows[DOT_WEIGHT_ROWS],
-                         REAL out[DOT_MAX_ROWS][DOT_WEIGHT_ROWS]) {
+/* dot_tile for n_x input rows, a constant in each caller: one token reads
+ * its one row, not DOT_MAX_ROWS copies of it (4x the FMAs, which bound the
+ * AVX2 unit). 1 x 768 -> 3072 tanh-GELU, one thread, CPU time, medians on
+ * noisy shared cores: AVX2 0.710 -> 0.561 ms, AVX-512 0.508 -> 0.485 ms;
+ * the GeGLU block at one token, AVX2 1.85 -> 1.48 ms. Software prefetch of
+ * the next weight rows and 8 weight rows a tile gained nothing over it. */
+static FMLP_ALWAYS_INLINE void FN(dot_tile_rows)(const int n_x, int64_t k,
+                                                 const STORE *const x_rows[DOT_MAX_ROWS],
+                                                 const STORE *const w_rows[DOT_WEIGHT_ROWS],
+                                                 REAL out[DOT_MAX_ROWS][DOT_WEIGHT_ROWS]) {
   vreal acc[DOT_MAX_ROWS][DOT_WEIGHT_ROWS];
 #pragma GCC unroll 4
-  for (int r = 0; r < DOT_MAX_ROWS; ++r) {
+  for (int r = 0; r < n_x; ++r) {
 #pragma GCC unroll 4
     for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) acc[r][j] = v_zero();
   }
@@ -359,7 +366,7 @@ static void FN(dot_tile)(int64_t k, const STORE *const x_rows[DOT_MAX_ROWS],
                                       : vs_load_first(w_rows[j] + kk, lanes);
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < DOT_MAX_ROWS; ++r) {
+    for (int r = 0; r < n_x; ++r) {
       const vreal x = lanes >= FMLP_SIMD_WIDTH ? vs_load(x_rows[r] + kk)
                                                : vs_load_first(x_rows[r] + kk, lanes);
 #pragma GCC unroll 4
@@ -367,9 +374,21 @@ static void FN(dot_tile)(int64_t k, const STORE *const x_rows[DOT_MAX_ROWS],
     }
   }
 #pragma GCC unroll 4
-  for (int r = 0; r < DOT_MAX_ROWS; ++r) {
+  for (int r = 0; r < n_x; ++r) {
 #pragma GCC unroll 4
     for (int j = 0; j < DOT_WEIGHT_ROWS; ++j) out[r][j] = v_sum(acc[r][j]);
+  }
+}
+
+/* out[r][j] for r < rows (1 to DOT_MAX_ROWS) */
+static void FN(dot_tile)(int64_t rows, int64_t k, const STORE *const x_rows[DOT_MAX_ROWS],
+                         const STORE *const w_rows[DOT_WEIGHT_ROWS],
+                         REAL out[DOT_MAX_ROWS][DOT_WEIGHT_ROWS]) {
+  switch (rows) {
+    case 1: FN(dot_tile_rows)(1, k, x_rows, w_rows, out); break;
+    case 2: FN(dot_tile_rows)(2, k, x_rows, w_rows, out); break;
+    case 3: FN(dot_tile_rows)(3, k, x_rows, w_rows, out); break;
+    default: FN(dot_tile_rows)(DOT_MAX_ROWS, k, x_rows, w_rows, out); break;
   }
 }
 
