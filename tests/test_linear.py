@@ -334,3 +334,37 @@ def test_cuda_float32_after_mixed_precision_settings(generator):
     finally:
         torch.backends.cuda.matmul.fp32_precision = before[0]
         torch.set_float32_matmul_precision(before[1])
+
+
+def test_few_rows_every_row_count_and_column_span(isa, generator):
+    """One to five rows read the weight in place (dot products specialised on the row count,
+    the epilogue per 64-column span): every row count, column counts on both sides of a span,
+    short and long K, saved pre-activation (grad enabled) or not, against float64."""
+    for rows in range(1, 6):
+        for n in (1, 63, 64, 65, 130):
+            for k in (17, 768):
+                for activation in ("relu", "gelu_tanh"):
+                    x, w, b = sample_linear(
+                        "cpu", torch.float32, (rows, k), n, n % 2 == 1, generator
+                    )
+                    x.requires_grad_()
+                    y = fusedmlp.linear(x, w, b, activation)
+                    expected = reference64(x.detach(), w, b, activation)
+                    where = f"{isa}: {rows} x {k} -> {n}, {activation}"
+                    torch.testing.assert_close(
+                        y.double(),
+                        expected,
+                        rtol=1e-5,
+                        atol=1e-5,
+                        msg=lambda m, where=where: f"{where}: {m}",
+                    )
+                    (grad,) = torch.autograd.grad(y.sum(), x)
+                    x64 = x.detach().double().requires_grad_()
+                    (grad64,) = torch.autograd.grad(reference64(x64, w, b, activation).sum(), x64)
+                    torch.testing.assert_close(
+                        grad.double(),
+                        grad64,
+                        rtol=1e-5,
+                        atol=1e-5,
+                        msg=lambda m, where=where: f"{where}, grad: {m}",
+                    )
