@@ -37,6 +37,15 @@ static inline int64_t FN(panel_rows)(int64_t k) {
   return (k + GEMM_PACKED_K_PER_SLOT - 1) / GEMM_PACKED_K_PER_SLOT;
 }
 
+/* Bytes a packed value of K takes: the cache blocks count these. */
+#define PACKED_VALUE_BYTES ((int64_t)sizeof(REAL) / GEMM_PACKED_K_PER_SLOT)
+
+/* Where K block pc of the packed weight panel holding column col starts, in
+ * slots from the packed weight's first. */
+static inline int64_t FN(weight_panel_at)(int64_t col, int64_t k, int64_t pc) {
+  return ((col / GEMM_NR) * FN(panel_rows)(k) + pc / GEMM_PACKED_K_PER_SLOT) * GEMM_NR;
+}
+
 /* The largest K block of a product of one weight: GEMM_KC unless the unit's
  * micro-kernel header cuts those finer (microkernel_simd.h); at most GEMM_KC,
  * which sizes the input block's scratch. */
@@ -207,7 +216,7 @@ static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights) {
   const int64_t l2 = fmlp_cpu_l2_bytes(), elem = (int64_t)sizeof(REAL);
   const int64_t n_k_blocks = k > most_k ? (k + most_k - 1) / most_k : 1;
   const int64_t kc = k > 0 ? (k + n_k_blocks - 1) / n_k_blocks : 1;
-  const int64_t mc = l2 / 4 / (elem / GEMM_PACKED_K_PER_SLOT) / kc / GEMM_MR * GEMM_MR;
+  const int64_t mc = l2 / 4 / PACKED_VALUE_BYTES / kc / GEMM_MR * GEMM_MR;
   const int64_t nc = l2 / 2 / elem / weights / kc / GEMM_NR * GEMM_NR;
   return (FN(blocks)){kc, mc > GEMM_MC ? mc : GEMM_MC, nc > GEMM_NR ? nc : GEMM_NR};
 }
@@ -227,8 +236,7 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
   }
   /* choose_blocks' mc x kc: a quarter of the L2 in packed values of K, each
    * at most a slot */
-  const int64_t l2_quarter =
-      fmlp_cpu_l2_bytes() / 4 / ((int64_t)sizeof(REAL) / GEMM_PACKED_K_PER_SLOT);
+  const int64_t l2_quarter = fmlp_cpu_l2_bytes() / 4 / PACKED_VALUE_BYTES;
   if (most < l2_quarter) most = l2_quarter;
   if (packed > most) packed = most;
   return unpacked > packed ? unpacked : packed;
@@ -294,8 +302,7 @@ static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t ro
       .first_k_block = pc == 0,
       .last_k_block = pc + kc >= k,
   };
-  const REAL *b_panel = t->w->data + ((col / GEMM_NR) * FN(panel_rows)(k) +
-                                      pc / GEMM_PACKED_K_PER_SLOT) * GEMM_NR;
+  const REAL *b_panel = t->w->data + FN(weight_panel_at)(col, k, pc);
   FMLP_MICROKERNEL(kc, a_panel, b_panel, t->c + row * t->ldc + col, t->ldc, rows, cols, &ep);
 }
 
@@ -340,8 +347,7 @@ static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t row
                            int64_t pc, int64_t kc, int64_t rows, int64_t cols) {
   const FN(gated_tiles) *t = context;
   const int64_t k = t->gate_w->k;
-  const int64_t panel_at =
-      ((col / GEMM_NR) * FN(panel_rows)(k) + pc / GEMM_PACKED_K_PER_SLOT) * GEMM_NR;
+  const int64_t panel_at = FN(weight_panel_at)(col, k, pc);
   for (int64_t i0 = 0; i0 < rows; i0 += GATED_MR) {
     const int64_t part_rows = rows - i0 < GATED_MR ? rows - i0 : GATED_MR;
     for (int64_t j0 = 0; j0 < cols; j0 += GATED_NR) {
