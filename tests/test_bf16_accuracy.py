@@ -159,6 +159,27 @@ def test_gated_mlp_odd_shapes(isa, rows, dim, hidden, generator):
     )
 
 
+@pytest.mark.parametrize("k", [96, 100])
+def test_input_layouts_agree(isa, k, generator):
+    """Many rows (packed weights): the same x in every memory layout gives the same bits,
+    whether the kernels read its rows in place (the AMX unit, unit column stride and an even
+    row stride; the last 22 rows, short of a 32-row tile, packed) or pack them (odd row
+    stride, transposed), K whole 32s or with a tail."""
+    x = sample(150, k, generator=generator)
+    w = sample(70, k, generator=generator, scale=k**-0.5)
+    b = sample(70, generator=generator)
+    wide = torch.zeros(150, k + 6, dtype=torch.bfloat16)
+    odd = torch.zeros(150, k + 3, dtype=torch.bfloat16)
+    layouts = {
+        "even row stride": wide[:, :k].copy_(x),
+        "odd row stride": odd[:, 1 : k + 1].copy_(x),
+        "transposed": x.t().contiguous().t(),
+    }
+    expected = fusedmlp.linear(x, w, b, "gelu").view(torch.int16)
+    for name, layout in layouts.items():
+        assert torch.equal(fusedmlp.linear(layout, w, b, "gelu").view(torch.int16), expected), name
+
+
 @pytest.mark.parametrize("rows", [3, 24, 100])
 def test_one_rounding_at_the_store(isa, rows, generator):
     """Inputs whose float sums are exact (small integers times 1/256), so the kernels' only

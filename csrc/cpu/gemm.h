@@ -152,12 +152,26 @@ static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t r
   return FMLP_OK;
 }
 
+/* Units whose micro-kernels can read whole MR-row panels of the input where
+ * they lie (tile_epilogue's a_row_stride) define FMLP_INPUT_IN_PLACE(x):
+ * whether they can for input x. Those panels are then not packed. */
+static int FN(input_in_place)(fmlp_input x) {
+#ifdef FMLP_INPUT_IN_PLACE
+  return FMLP_INPUT_IN_PLACE(x);
+#else
+  (void)x;
+  return 0;
+#endif
+}
+
 /* Rows [0, mc) and columns [pc, pc + kc) of x into MR-tall panels,
  * zero-padded past mc, panel_rows(kc) x MR slots apart (element (i, kk) of
- * a K-major float panel at dst[(i / MR) * kc * MR + kk * MR + i % MR]). */
-static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t kc, REAL *dst) {
+ * a K-major float panel at dst[(i / MR) * kc * MR + kk * MR + i % MR]);
+ * whole panels skipped when read in place. */
+static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t kc,
+                                 int in_place, REAL *dst) {
   const STORE *src = x.data;
-  for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
+  for (int64_t ir = in_place ? mc / GEMM_MR * GEMM_MR : 0; ir < mc; ir += GEMM_MR) {
     FMLP_PACK_INPUT_PANEL(src + ir * x.row_stride + pc * x.col_stride, x.row_stride,
                           x.col_stride, mc - ir < GEMM_MR ? mc - ir : GEMM_MR, GEMM_MR, kc,
                           dst + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR);
@@ -247,14 +261,16 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
  * weights, every MR x NR tile goes to tile_fn with its packed input panel,
  * its first row and column, and its K block; the tiles of an input panel
  * run one after another (see choose_blocks). */
-typedef void (*FN(tile_fn))(const void *context, const REAL *a_panel, int64_t row, int64_t col,
-                            int64_t pc, int64_t kc, int64_t rows, int64_t cols);
+typedef void (*FN(tile_fn))(const void *context, const REAL *a_panel, int64_t a_row_stride,
+                            int64_t row, int64_t col, int64_t pc, int64_t kc, int64_t rows,
+                            int64_t cols);
 
 static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
                               int64_t weights, REAL *input_pack, FN(tile_fn) tile_fn,
                               const void *context) {
   const STORE *x_data = x.data;
   const FN(blocks) b = FN(choose_blocks)(k, weights);
+  const int in_place = FN(input_in_place)(x);
 #ifdef FMLP_MICROKERNEL_BEGIN
   FMLP_MICROKERNEL_BEGIN(); /* state the micro-kernels share (AMX: the tile configuration) */
 #endif
@@ -263,14 +279,18 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
     const fmlp_input block = {x_data + ic * x.row_stride, x.row_stride, x.col_stride};
     for (int64_t pc = 0; pc < k; pc += b.kc) {
       const int64_t kc = k - pc < b.kc ? k - pc : b.kc;
-      FN(pack_input_block)(block, mc, pc, kc, input_pack);
+      FN(pack_input_block)(block, mc, pc, kc, in_place, input_pack);
       for (int64_t jc = 0; jc < n; jc += b.nc) {
         const int64_t nc = n - jc < b.nc ? n - jc : b.nc;
         for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
-          const REAL *a_panel = input_pack + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR;
           const int64_t tile_rows = mc - ir < GEMM_MR ? mc - ir : GEMM_MR;
+          const int64_t a_row_stride = in_place && tile_rows == GEMM_MR ? x.row_stride : 0;
+          const REAL *a_panel =
+              a_row_stride != 0
+                  ? (const REAL *)(x_data + (ic + ir) * x.row_stride + pc)
+                  : input_pack + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR;
           for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
-            tile_fn(context, a_panel, ic + ir, jc + jr, pc, kc, tile_rows,
+            tile_fn(context, a_panel, a_row_stride, ic + ir, jc + jr, pc, kc, tile_rows,
                     nc - jr < GEMM_NR ? nc - jr : GEMM_NR);
           }
         }
@@ -290,8 +310,9 @@ typedef struct {
   int64_t ldc, pre_stride;
 } FN(linear_tiles);
 
-static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t row, int64_t col,
-                            int64_t pc, int64_t kc, int64_t rows, int64_t cols) {
+static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t a_row_stride,
+                            int64_t row, int64_t col, int64_t pc, int64_t kc, int64_t rows,
+                            int64_t cols) {
   const FN(linear_tiles) *t = context;
   const int64_t k = t->w->k;
   const FN(tile_epilogue) ep = {
@@ -301,6 +322,7 @@ static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t ro
       .activation = t->activation,
       .first_k_block = pc == 0,
       .last_k_block = pc + kc >= k,
+      .a_row_stride = a_row_stride,
   };
   const REAL *b_panel = t->w->data + FN(weight_panel_at)(col, k, pc);
   FMLP_MICROKERNEL(kc, a_panel, b_panel, t->c + row * t->ldc + col, t->ldc, rows, cols, &ep);
@@ -343,8 +365,9 @@ typedef struct {
 
 /* The MR x NR tile as GATED_MR x GATED_NR parts (the parts wholly outside
  * rows x cols skipped). */
-static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t row, int64_t col,
-                           int64_t pc, int64_t kc, int64_t rows, int64_t cols) {
+static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t a_row_stride,
+                           int64_t row, int64_t col, int64_t pc, int64_t kc, int64_t rows,
+                           int64_t cols) {
   const FN(gated_tiles) *t = context;
   const int64_t k = t->gate_w->k;
   const int64_t panel_at = FN(weight_panel_at)(col, k, pc);
@@ -364,6 +387,7 @@ static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t row
           .first_k_block = pc == 0,
           .last_k_block = pc + kc >= k,
           .save_gate_up = t->save_gate_up,
+          .a_row_stride = a_row_stride,
       };
       FMLP_MICROKERNEL_GATED(kc, a_panel + i0, t->gate_w->data + panel_at + j0,
                              t->up_w->data + panel_at + j0, part_rows,

@@ -3,7 +3,8 @@
  * a B tile of 16 K-pairs x 16 columns into a 16 x 16 float C tile, 8192
  * multiply-adds an instruction. The weight panels are the K-pair panels of
  * pack_k_pairs.h (NR = 32 columns: two B tiles side by side, a K-pair row
- * 128 bytes); the input panels are tile-ready (pack_tile_rows below). One K
+ * 128 bytes); the A tiles are loaded from the input's rows where they lie
+ * (reads_in_place) or from tile-ready panels (pack_tile_rows below). One K
  * block, as in every bfloat16 unit (GEMM_KC covers any K), so the tiles start
  * at zero and the epilogue (bias, pre-activation, activation, one rounding
  * to bfloat16) runs on the float tiles stored to a small scratch on the
@@ -134,6 +135,21 @@ static void FN(pack_tile_rows)(const STORE *src, int64_t rs, int64_t cs, int64_t
   }
 }
 
+/* gemm.h: whole 32-row panels of an input of unit column stride are read in
+ * place (an A tile takes any row stride), not copied into a tile-ready
+ * panel; rows whose start is not a whole REAL slot (odd strides) are packed.
+ * 65536 x (64 -> 128 -> 128 -> 64) ReLU spent a quarter of its samples in
+ * that copy (perf, one thread); read in place it ran 16.7-17.1 ms against
+ * 18.4-18.6, and 2048 rows of it 0.44 against 0.50 ms (C harness, one
+ * thread's CPU time, medians of 15-41 runs alternating in one process,
+ * loaded machine): tile loads from the L2 cost back part of the copy. */
+static int FN(reads_in_place)(fmlp_input x) {
+  return x.col_stride == 1 && x.row_stride > 0 && x.row_stride % 2 == 0 &&
+         (uintptr_t)x.data % sizeof(REAL) == 0;
+}
+#define FMLP_INPUT_IN_PLACE(x) FN(reads_in_place)(x)
+_Static_assert(GATED_MR == GEMM_MR, "the gated tile reads the whole panel, in place or packed");
+
 /* The tile registers: 4 C tiles (rows 0-15 and 16-31 of two 16-column
  * halves), 2 A tiles (rows 0-15, 16-31), 2 B tiles (columns 0-15, 16-31 of
  * the linear tile; gate and up in the gated one), all 16 rows x 64 bytes.
@@ -177,20 +193,36 @@ static void FN(configure_tiles)(void) {
   _tile_loadconfig(&config);
 }
 
-/* The K tail of an input panel (kc % 32 values a row, see pack_tile_rows) and
- * of `b_count` B operands, zero-padded to whole tiles: A rows 64 bytes apart
- * (a_tail: MR rows), B K-pair rows (tail_pairs of them, 16 slots each, NR
- * slots apart in the panel) 64 bytes apart. */
+/* Where the A tiles come from: a tile-ready input panel (pack_tile_rows:
+ * each whole 32 of K a block of MR rows AMX_K apart, then the tail's rows
+ * kc % 32 apart) or, read in place, the input's own rows (a_row_stride
+ * apart, each whole 32 of K the next 64 bytes of them). In STOREs. */
+typedef struct {
+  const STORE *first;
+  int64_t row, block, tail_at, tail_row;
+} FN(amx_input);
+
+static FN(amx_input) FN(amx_input_at)(const REAL *a, int64_t kc, int64_t a_row_stride) {
+  const STORE *first = (const STORE *)a;
+  const int64_t whole = kc / AMX_K * AMX_K;
+  if (a_row_stride != 0) return (FN(amx_input)){first, a_row_stride, AMX_K, whole, a_row_stride};
+  return (FN(amx_input)){first, AMX_K, GEMM_MR * AMX_K, whole * GEMM_MR, kc - whole};
+}
+
+/* The K tail of the input's MR rows (kc % 32 values a row at a.tail_at, rows
+ * a.tail_row apart) and of `b_count` B operands, zero-padded to whole tiles:
+ * A rows 64 bytes apart, B K-pair rows (tail_pairs of them, 16 slots each,
+ * NR slots apart in the panel) 64 bytes apart. */
 typedef struct {
   uint16_t a[GEMM_MR][AMX_K];
   uint32_t b[2][AMX_ROWS][AMX_ROWS];
 } FN(amx_tail);
 
-static void FN(copy_tail)(const STORE *a_tail, int64_t tail, const uint32_t *const b[2],
+static void FN(copy_tail)(FN(amx_input) a, int64_t tail, const uint32_t *const b[2],
                           int64_t tail_pairs, FN(amx_tail) *out) {
   memset(out, 0, sizeof *out);
   for (int64_t i = 0; i < GEMM_MR; ++i) {
-    memcpy(out->a[i], a_tail + i * tail, (size_t)tail * sizeof(STORE));
+    memcpy(out->a[i], a.first + a.tail_at + i * a.tail_row, (size_t)tail * sizeof(STORE));
   }
   for (int t = 0; t < 2; ++t) {
     for (int64_t p = 0; p < tail_pairs; ++p) {
@@ -199,21 +231,21 @@ static void FN(copy_tail)(const STORE *a_tail, int64_t tail, const uint32_t *con
   }
 }
 
-/* The four C tiles over all of kc: A tiles from the tile-ready input panel a,
- * B tiles b[0], b[1] (K-pair slots, rows NR slots apart); TILE_C00/TILE_C01 take rows
- * 0-15 times b[0]/b[1], TILE_C10/TILE_C11 rows 16-31. */
-static void FN(multiply_tiles)(int64_t kc, const REAL *a, const uint32_t *const b[2]) {
-  const STORE *a_values = (const STORE *)a;
+/* The four C tiles over all of kc: A tiles from a (see amx_input), B tiles
+ * b[0], b[1] (K-pair slots, rows NR slots apart); TILE_C00/TILE_C01 take
+ * rows 0-15 times b[0]/b[1], TILE_C10/TILE_C11 rows 16-31. */
+static void FN(multiply_tiles)(int64_t kc, FN(amx_input) a, const uint32_t *const b[2]) {
   const int64_t whole = kc / AMX_K, b_stride = GEMM_NR * (int64_t)sizeof(uint32_t);
+  const int64_t a_stride = a.row * (int64_t)sizeof(STORE);
   TILE_READS_MEMORY(); /* the packs, which the caller may have just written */
   _tile_zero(TILE_C00);
   _tile_zero(TILE_C01);
   _tile_zero(TILE_C10);
   _tile_zero(TILE_C11);
   for (int64_t q = 0; q < whole; ++q) {
-    const STORE *a_q = a_values + q * GEMM_MR * AMX_K;
-    _tile_loadd(TILE_A0, a_q, AMX_BYTES);
-    _tile_loadd(TILE_A1, a_q + AMX_ROWS * AMX_K, AMX_BYTES);
+    const STORE *a_q = a.first + q * a.block;
+    _tile_loadd(TILE_A0, a_q, a_stride);
+    _tile_loadd(TILE_A1, a_q + AMX_ROWS * a.row, a_stride);
     _tile_loadd(TILE_B0, b[0] + q * AMX_ROWS * GEMM_NR, b_stride);
     _tile_loadd(TILE_B1, b[1] + q * AMX_ROWS * GEMM_NR, b_stride);
     _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
@@ -226,7 +258,7 @@ static void FN(multiply_tiles)(int64_t kc, const REAL *a, const uint32_t *const 
   const uint32_t *b_tail[2] = {b[0] + whole * AMX_ROWS * GEMM_NR,
                                b[1] + whole * AMX_ROWS * GEMM_NR};
   FN(amx_tail) padded;
-  FN(copy_tail)(a_values + whole * GEMM_MR * AMX_K, tail, b_tail, (tail + 1) / 2, &padded);
+  FN(copy_tail)(a, tail, b_tail, (tail + 1) / 2, &padded);
   TILE_READS_MEMORY();
   _tile_loadd(TILE_A0, padded.a[0], AMX_BYTES);
   _tile_loadd(TILE_A1, padded.a[AMX_ROWS], AMX_BYTES);
@@ -248,8 +280,9 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
   }
 }
 
-/* The tile-ready input panel a (MR rows) times the K-pair weight panel b (NR
- * columns) over all of K, into the row-major tile c (rows x cols of it). */
+/* The input's MR rows a (a tile-ready panel, or in place: see amx_input)
+ * times the K-pair weight panel b (NR columns) over all of K, into the
+ * row-major tile c (rows x cols of it). */
 static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *restrict b,
                                 STORE *c, int64_t ldc, int64_t rows, int64_t cols,
                                 const FN(tile_epilogue) *ep) {
@@ -257,7 +290,7 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
   const uint32_t *b_slots = (const uint32_t *)b;
   const uint32_t *const halves[2] = {b_slots, b_slots + AMX_ROWS};
   const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
-  FN(multiply_tiles)(kc, a, halves);
+  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), halves);
   _tile_stored(TILE_C00, &t[0][0], t_stride);
   _tile_stored(TILE_C01, &t[0][AMX_ROWS], t_stride);
   _tile_stored(TILE_C10, &t[AMX_ROWS][0], t_stride);
@@ -294,7 +327,7 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
   }
 }
 
-/* Gate and up over the MR rows of a tile-ready input panel, GATED_NR
+/* Gate and up over the input's MR rows (as in microkernel_amx), GATED_NR
  * columns (b_gate, b_up: their first column in the K-pair weight panels), in
  * one pass over K: the two A tiles serve both. act(gate) * up is formed in
  * float and rounded once at its store. */
@@ -305,7 +338,7 @@ static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
   _Alignas(64) REAL gate[GATED_MR][GATED_NR], up[GATED_MR][GATED_NR];
   const uint32_t *const weights[2] = {(const uint32_t *)b_gate, (const uint32_t *)b_up};
   const int64_t t_stride = GATED_NR * (int64_t)sizeof(REAL);
-  FN(multiply_tiles)(kc, a, weights);
+  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), weights);
   _tile_stored(TILE_C00, &gate[0][0], t_stride);
   _tile_stored(TILE_C01, &up[0][0], t_stride);
   _tile_stored(TILE_C10, &gate[AMX_ROWS][0], t_stride);

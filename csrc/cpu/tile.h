@@ -28,7 +28,8 @@ typedef struct {
   int64_t ldc, pre_stride;
 } FN(product_out);
 
-/* What a micro-kernel does with its tile after the K loop. */
+/* What a micro-kernel does with its tile after the K loop, and where its
+ * input rows are when they were not packed. */
 typedef struct {
   const STORE *bias; /* at the tile's first column, or NULL */
   STORE *pre;        /* where the last K block stores the pre-activation, or NULL */
@@ -36,6 +37,9 @@ typedef struct {
   fmlp_activation activation;
   int first_k_block; /* start from the bias rather than from c */
   int last_k_block;  /* finish: save the pre-activation, activate */
+  int64_t a_row_stride; /* 0: the input panel is packed; else the input's rows
+                           read in place, this many STOREs apart (gemm.h's
+                           FMLP_INPUT_IN_PLACE) */
 } FN(tile_epilogue);
 
 /* dst[kk * width + i] = src[i * rs + kk * cs] for i < count and kk < k, zero
