@@ -180,6 +180,25 @@ def test_input_layouts_agree(isa, k, generator):
         assert torch.equal(fusedmlp.linear(layout, w, b, "gelu").view(torch.int16), expected), name
 
 
+def test_subnormal_and_nan_results_keep_their_rounding(isa):
+    """Results that are subnormal floats (GELU far left: gelu(-13.1875) ~ 4.6e-39) keep their
+    bits at the bfloat16 store, and every NaN is stored as 0x7FC0, on the packed path (150
+    rows) as on the few-row one (4 rows), which share the activation's code: the AMX unit's
+    packed stores round with VCVTNE2PS2BF16, which flushes subnormals and keeps NaN payloads,
+    and take the integer rounding for rows holding either. With x zero, each output row is
+    gelu(bias)."""
+    values = [-13.1875, float("nan"), 1.0, -0.5, -13.1875, 2.0, -13.125, -13.1875]
+    bias = torch.tensor(values * 8).bfloat16()
+    w = torch.ones(64, 32, dtype=torch.bfloat16)
+    few = fusedmlp.linear(torch.zeros(4, 32, dtype=torch.bfloat16), w, bias, "gelu")
+    many = fusedmlp.linear(torch.zeros(150, 32, dtype=torch.bfloat16), w, bias, "gelu")
+    row = few[0].view(torch.int16)
+    subnormal = (row & 0x7F80 == 0) & (row & 0x7F != 0)
+    assert subnormal.sum() == 24
+    assert (row[bias.isnan()] == 0x7FC0).all()
+    assert torch.equal(many.view(torch.int16), row.expand(150, 64))
+
+
 @pytest.mark.parametrize("rows", [3, 24, 100])
 def test_one_rounding_at_the_store(isa, rows, generator):
     """Inputs whose float sums are exact (small integers times 1/256), so the kernels' only
