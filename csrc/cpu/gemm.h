@@ -258,9 +258,11 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
 
 /* The Goto/BLIS loops over a packed weight of n columns and K = k: for each
  * MC x KC input block (packed here into input_pack) and NC x KC block of the
- * weights, every MR x NR tile goes to tile_fn with its packed input panel,
- * its first row and column, and its K block; the tiles of an input panel
- * run one after another (see choose_blocks). */
+ * weights, every MR x NR tile goes to tile_fn with its input panel (packed,
+ * a_row_stride 0; or, read in place, x's first row of the panel at the K
+ * block, unit column stride, a_row_stride x's row stride), its first row and
+ * column, and its K block; the tiles of an input panel run one after another
+ * (see choose_blocks). */
 typedef void (*FN(tile_fn))(const void *context, const REAL *a_panel, int64_t a_row_stride,
                             int64_t row, int64_t col, int64_t pc, int64_t kc, int64_t rows,
                             int64_t cols);
