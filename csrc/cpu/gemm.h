@@ -153,13 +153,15 @@ static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t r
 }
 
 /* Units whose micro-kernels can read whole MR-row panels of the input where
- * they lie (tile_epilogue's a_row_stride) define FMLP_INPUT_IN_PLACE(x):
- * whether they can for input x. Those panels are then not packed. */
-static int FN(input_in_place)(fmlp_input x) {
+ * they lie (tile_epilogue's a_row_stride) define FMLP_INPUT_IN_PLACE(x, kc):
+ * whether they do for input x in K blocks of kc. Those panels are then not
+ * packed. */
+static int FN(input_in_place)(fmlp_input x, int64_t kc) {
 #ifdef FMLP_INPUT_IN_PLACE
-  return FMLP_INPUT_IN_PLACE(x);
+  return FMLP_INPUT_IN_PLACE(x, kc);
 #else
   (void)x;
+  (void)kc;
   return 0;
 #endif
 }
@@ -272,7 +274,7 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
                               const void *context) {
   const STORE *x_data = x.data;
   const FN(blocks) b = FN(choose_blocks)(k, weights);
-  const int in_place = FN(input_in_place)(x);
+  const int in_place = FN(input_in_place)(x, b.kc);
 #ifdef FMLP_MICROKERNEL_BEGIN
   FMLP_MICROKERNEL_BEGIN(); /* state the micro-kernels share (AMX: the tile configuration) */
 #endif

@@ -137,17 +137,22 @@ static void FN(pack_tile_rows)(const STORE *src, int64_t rs, int64_t cs, int64_t
 
 /* gemm.h: whole 32-row panels of an input of unit column stride are read in
  * place (an A tile takes any row stride), not copied into a tile-ready
- * panel; rows whose start is not a whole REAL slot (odd strides) are packed.
- * 65536 x (64 -> 128 -> 128 -> 64) ReLU spent a quarter of its samples in
- * that copy (perf, one thread); read in place it ran 16.7-17.1 ms against
- * 18.4-18.6, and 2048 rows of it 0.44 against 0.50 ms (C harness, one
- * thread's CPU time, medians of 15-41 runs alternating in one process,
- * loaded machine): tile loads from the L2 cost back part of the copy. */
-static int FN(reads_in_place)(fmlp_input x) {
+ * panel, where the panel's rows over K take at most a third of the L1: they
+ * then stay there while the panel's column tiles read them. Rows whose start
+ * is not a whole REAL slot (odd strides) are packed. 65536 x (64 -> 128 ->
+ * 128 -> 64) ReLU spent a quarter of its samples in that copy (perf, one
+ * thread). Read in place against packed (C harness, one thread's CPU time,
+ * medians of 7-21 runs alternating in one process, loaded machine): 8192 x
+ * (64 -> 128 -> 128 -> 64) ReLU 0.73 ms against 1.03, 4096 x 192 -> 768
+ * 2.77 against 3.01, 256 -> 1024 2.86 against 2.89; past the third, strided
+ * rows from the L2 cost more than the copy: 384 -> 1024 4.89 against 4.45,
+ * 512 -> 1024 7.16 against 6.05, 2048 x 1024 -> 4096 26.9 against 20.7. */
+static int FN(reads_in_place)(fmlp_input x, int64_t kc) {
   return x.col_stride == 1 && x.row_stride > 0 && x.row_stride % 2 == 0 &&
-         (uintptr_t)x.data % sizeof(REAL) == 0;
+         (uintptr_t)x.data % sizeof(REAL) == 0 &&
+         GEMM_MR * kc * (int64_t)sizeof(STORE) <= fmlp_cpu_l1d_bytes() / 3;
 }
-#define FMLP_INPUT_IN_PLACE(x) FN(reads_in_place)(x)
+#define FMLP_INPUT_IN_PLACE(x, kc) FN(reads_in_place)(x, kc)
 _Static_assert(GATED_MR == GEMM_MR, "the gated tile reads the whole panel, in place or packed");
 
 /* The tile registers: 4 C tiles (rows 0-15 and 16-31 of two 16-column
