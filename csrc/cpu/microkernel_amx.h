@@ -215,7 +215,7 @@ static FN(amx_input) FN(amx_input_at)(const REAL *a, int64_t kc, int64_t a_row_s
 }
 
 /* The K tail of the input's MR rows (kc % 32 values a row at a.tail_at, rows
- * a.tail_row apart) and of `b_count` B operands, zero-padded to whole tiles:
+ * a.tail_row apart) and of the two B operands, zero-padded to whole tiles:
  * A rows 64 bytes apart, B K-pair rows (tail_pairs of them, 16 slots each,
  * NR slots apart in the panel) 64 bytes apart. */
 typedef struct {
