@@ -36,6 +36,18 @@ static inline int64_t FN(linear_k_block)(void) {
   return both < 64 ? 64 : both < most ? both : most;
 }
 #define GEMM_LINEAR_KC (STORE_IS_REAL ? FN(linear_k_block)() : GEMM_KC)
+/* The gated product runs K in one block while its input micro-panel takes
+ * at most 1 / GATED_ONE_BLOCK_L1_SHARE of the L1 (a unit's tile header may
+ * say; 2, half as for GEMM_KC, unless it does): one block stores gate and up
+ * once, on the last (inference not at all), where two make a round trip of
+ * both through memory. */
+#ifndef GATED_ONE_BLOCK_L1_SHARE
+#define GATED_ONE_BLOCK_L1_SHARE 2
+#endif
+#define GEMM_GATED_ONE_BLOCK_K                                                           \
+  (STORE_IS_REAL ? fmlp_cpu_l1d_bytes() / GATED_ONE_BLOCK_L1_SHARE /                     \
+                       (GEMM_MR * (int64_t)sizeof(REAL))                                 \
+                 : GEMM_KC)
 #define GEMM_MC (GEMM_MR * 4)
 /* Up to this many rows the weight is read in place rather than packed
  * (chosen with `python -m fusedmlp.bench`: packing a weight costs about as
