@@ -184,21 +184,69 @@ static void mkl_rows(void *context) {
              j->packed_b, j->n, 0.0f, j->c, j->n);
 }
 
-/* c[m, n] = a[m, k] @ w[n, k].T through MKL with w packed first. */
-static void report_mkl(const char *what, void *library, int m, int n, int k, const float *a,
-                       const float *w, float *c) {
+/* MKL's job for c[m, n] = a[m, k] @ w[n, k].T, w packed here (free
+ * packed_b after); compute NULL where the library has no packed sgemm. */
+static mkl_job mkl_prepare(void *library, int m, int n, int k, const float *a, const float *w,
+                           float *c) {
   const pack_get_size_fn get_size = (pack_get_size_fn)dlsym(library, "cblas_sgemm_pack_get_size");
   const pack_fn pack = (pack_fn)dlsym(library, "cblas_sgemm_pack");
   const compute_fn compute = (compute_fn)dlsym(library, "cblas_sgemm_compute");
-  if (get_size == NULL || pack == NULL || compute == NULL) {
+  if (get_size == NULL || pack == NULL || compute == NULL) return (mkl_job){.compute = NULL};
+  float *packed = aligned_alloc(64, (get_size(CBLAS_B_MATRIX, m, n, k) + 63) / 64 * 64);
+  pack(CBLAS_ROW_MAJOR, CBLAS_B_MATRIX, CBLAS_TRANS, m, n, k, 1.0f, w, k, packed);
+  return (mkl_job){compute, m, n, k, a, packed, c};
+}
+
+static void report_mkl(const char *what, void *library, int m, int n, int k, const float *a,
+                       const float *w, float *c) {
+  const mkl_job j = mkl_prepare(library, m, n, k, a, w, c);
+  if (j.compute == NULL) {
     printf("%-36s (no MKL packed sgemm in the library)\n", what);
     return;
   }
-  float *packed = aligned_alloc(64, (get_size(CBLAS_B_MATRIX, m, n, k) + 63) / 64 * 64);
-  pack(CBLAS_ROW_MAJOR, CBLAS_B_MATRIX, CBLAS_TRANS, m, n, k, 1.0f, w, k, packed);
-  const mkl_job j = {compute, m, n, k, a, packed, c};
   report(what, mkl_rows, (void *)&j, 2.0 * m * n * k);
-  free(packed);
+  free(j.packed_b);
+}
+
+/* ---- paired: ours and MKL on the same shape, alternating within each
+ * round, so both see the same moment's load; the median of the rounds'
+ * time ratios is what compares two builds of ours (MKL the control) ---- */
+
+enum { PAIRED_ROUNDS = 21 };
+
+static int by_value(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *values, int n) {
+  qsort(values, (size_t)n, sizeof *values, by_value);
+  return values[n / 2];
+}
+
+static double seconds_of(void (*fn)(void *), void *context) {
+  const double t0 = cpu_now();
+  fn(context);
+  return cpu_now() - t0;
+}
+
+/* ours (flops in a call) against MKL's product: the ratio of time per flop */
+static void report_paired(const char *what, void (*ours)(void *), void *ours_context,
+                          double flops, const mkl_job *mkl) {
+  const double mkl_flops = 2.0 * mkl->m * mkl->n * mkl->k;
+  double ratio[PAIRED_ROUNDS], ours_t[PAIRED_ROUNDS], mkl_t[PAIRED_ROUNDS];
+  ours(ours_context), mkl_rows((void *)mkl); /* warm */
+  for (int r = 0; r < PAIRED_ROUNDS; ++r) {
+    ours_t[r] = seconds_of(ours, ours_context);
+    mkl_t[r] = seconds_of(mkl_rows, (void *)mkl);
+    ratio[r] = ours_t[r] / flops / (mkl_t[r] / mkl_flops);
+  }
+  const double r = median(ratio, PAIRED_ROUNDS), low = ratio[PAIRED_ROUNDS / 4],
+               high = ratio[PAIRED_ROUNDS - 1 - PAIRED_ROUNDS / 4];
+  printf("%-36s ours/MKL time a flop %.3f (quartiles %.3f-%.3f); median %.1f against %.1f "
+         "GFLOP/s\n",
+         what, r, low, high, flops / median(ours_t, PAIRED_ROUNDS) / 1e9,
+         mkl_flops / median(mkl_t, PAIRED_ROUNDS) / 1e9);
 }
 
 typedef struct {
@@ -212,7 +260,8 @@ static void whole(void *context) {
 
 int main(int argc, char **argv) {
   const int64_t block = argc > 1 ? atoll(argv[1]) : 120, rows = argc > 2 ? atoll(argv[2]) : 1024;
-  const char *parts = argc > 3 ? argv[3] : "micro,rows,mkl,whole"; /* which parts to time */
+  /* which parts to time (paired only when named) */
+  const char *parts = argc > 3 ? argv[3] : "micro,rows,mkl,whole";
   void *mkl = argc > 4 ? dlopen(argv[4], RTLD_NOW | RTLD_GLOBAL) : NULL;
   printf("one thread, %d-float vectors, FMA peak ~%.1f GFLOP/s; tile %dx%lld, gated %dx%lld; "
          "row block %lld, whole call %lld rows\n",
@@ -264,6 +313,23 @@ int main(int argc, char **argv) {
   if (strstr(parts, "mkl") && mkl != NULL) {
     report_mkl("MKL up rows (packed sgemm)", mkl, (int)block, HIDDEN, DIM, x, wu, b.up_out);
     report_mkl("MKL down rows (packed sgemm)", mkl, (int)block, DIM, HIDDEN, b.product, wd, y);
+  }
+  if (strstr(parts, "paired") && mkl != NULL) {
+    const mkl_job up = mkl_prepare(mkl, (int)block, HIDDEN, DIM, x, wu, b.up_out);
+    const mkl_job down = mkl_prepare(mkl, (int)block, DIM, HIDDEN, b.product, wd, y);
+    if (up.compute != NULL && down.compute != NULL) {
+      report_paired("paired up rows", up_rows, &b, one_flops, &up);
+      report_paired("paired down rows", down_rows, &b, one_flops, &down);
+      report_paired("paired gated rows (MKL: up rows)", gated_rows, &b, 2 * one_flops, &up);
+      /* the K loop alone, its panels in L1 */
+      micro_job m = {.kc = 256, .calls = 20000, .activation = FMLP_ACT_NONE,
+                     .a = filled(GEMM_MR * 256, 1), .b_gate = filled(GEMM_NR * 256, 2),
+                     .product = filled(GEMM_MR * GEMM_NR, 6)};
+      report_paired("paired linear micro-kernel kc 256", linear_l1, &m,
+                    2.0 * GEMM_MR * GEMM_NR * 256 * m.calls, &up);
+      free(m.a), free(m.b_gate), free(m.product);
+    }
+    free(up.packed_b), free(down.packed_b);
   }
 
   whole_job w = {.args = {.dtype = FMLP_F32, .rows = rows, .dim = DIM, .hidden = HIDDEN,

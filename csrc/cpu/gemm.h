@@ -53,6 +53,13 @@ static inline int64_t FN(weight_panel_at)(int64_t col, int64_t k, int64_t pc) {
 #define GEMM_LINEAR_KC GEMM_KC
 #endif
 
+/* The largest K a product of two weights (gate and up) runs in one K block,
+ * a larger K cut into blocks of at most GEMM_KC: GEMM_KC unless the unit's
+ * micro-kernel header allows more (microkernel_simd.h). */
+#ifndef GEMM_GATED_ONE_BLOCK_K
+#define GEMM_GATED_ONE_BLOCK_K GEMM_KC
+#endif
+
 /* Weight panels packed per parallel task. */
 #define PACK_PANELS_PER_TASK ((int64_t)8)
 
@@ -206,8 +213,9 @@ static void FN(fill_empty_product)(int64_t rows, int64_t n, const STORE *bias,
  * L2), whose panels stream from L2; the input block (mc x kc) takes a quarter
  * of the L2, so the weight blocks come from farther once per mc rows. K is
  * cut into equal blocks of at most GEMM_KC (GEMM_LINEAR_KC for one weight:
- * see microkernel_simd.h for why those are finer). Measured on the Xeon (48 KiB
- * L1d, 2 MiB L2; C harness, one thread's CPU time with the drivers' 2-thread
+ * see microkernel_simd.h for why those are finer; two weights' K up to
+ * GEMM_GATED_ONE_BLOCK_K in one block: see tile_avx512.h). Measured on the
+ * Xeon (48 KiB L1d, 2 MiB L2; C harness, one thread's CPU time with the drivers' 2-thread
  * row blocks, loaded machine, medians of 7-9 alternating runs): 2048 x (768
  * -> 3072 -> 3072 -> 768) GELU ran 600-610 ms at kc 384-512 and nc 512-768,
  * against 622-670 ms with the input panels streaming past a weight panel
@@ -228,7 +236,9 @@ typedef struct {
 } FN(blocks);
 
 static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights) {
-  const int64_t most_k = weights == 1 ? GEMM_LINEAR_KC : GEMM_KC;
+  const int64_t most_k = weights == 1                  ? GEMM_LINEAR_KC
+                         : k <= GEMM_GATED_ONE_BLOCK_K ? k
+                                                       : GEMM_KC;
   const int64_t l2 = fmlp_cpu_l2_bytes(), elem = (int64_t)sizeof(REAL);
   const int64_t n_k_blocks = k > most_k ? (k + most_k - 1) / most_k : 1;
   const int64_t kc = k > 0 ? (k + n_k_blocks - 1) / n_k_blocks : 1;
@@ -245,7 +255,8 @@ static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights) {
 static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
   int64_t unpacked = 0, packed, most;
   if (rows <= GEMM_UNPACKED_MAX_ROWS && !fmlp_checked_mul(max_k, GEMM_NR, &unpacked)) return -1;
-  const int64_t kc = FN(panel_rows)(max_k < GEMM_KC ? max_k : GEMM_KC);
+  const int64_t most_k = GEMM_GATED_ONE_BLOCK_K > GEMM_KC ? GEMM_GATED_ONE_BLOCK_K : GEMM_KC;
+  const int64_t kc = FN(panel_rows)(max_k < most_k ? max_k : most_k);
   if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR, kc, &packed) ||
       !fmlp_checked_mul(GEMM_MC, kc, &most)) {
     return -1;

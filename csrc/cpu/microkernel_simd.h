@@ -36,6 +36,18 @@ static inline int64_t FN(linear_k_block)(void) {
   return both < 64 ? 64 : both < most ? both : most;
 }
 #define GEMM_LINEAR_KC (STORE_IS_REAL ? FN(linear_k_block)() : GEMM_KC)
+/* The gated product runs K in one block while its input micro-panel takes
+ * at most 1 / GATED_ONE_BLOCK_L1_SHARE of the L1 (a unit's tile header may
+ * say; 2, half as for GEMM_KC, unless it does): one block stores gate and up
+ * once, on the last (inference not at all), where two make a round trip of
+ * both through memory. */
+#ifndef GATED_ONE_BLOCK_L1_SHARE
+#define GATED_ONE_BLOCK_L1_SHARE 2
+#endif
+#define GEMM_GATED_ONE_BLOCK_K                                                           \
+  (STORE_IS_REAL ? fmlp_cpu_l1d_bytes() / GATED_ONE_BLOCK_L1_SHARE /                     \
+                       (GEMM_MR * (int64_t)sizeof(REAL))                                 \
+                 : GEMM_KC)
 #define GEMM_MC (GEMM_MR * 4)
 /* Up to this many rows the weight is read in place rather than packed
  * (chosen with `python -m fusedmlp.bench`: packing a weight costs about as
@@ -161,6 +173,23 @@ static FMLP_ALWAYS_INLINE void FN(prefetch_panel_row)(const REAL *row, int64_t w
  * moved 160-210 GFLOP/s with the load), the GELU(tanh) epilogue cost 28% of
  * the time at kc 128 and 9% at kc 512; in the whole product the weight
  * panel's trips from L2 cost more (GEMM_LINEAR_KC, PREFETCH_K_STEPS).
+ * microkernel_packed over panels in L1 runs at the rate of a hand-written
+ * assembly loop of the same shape over the same panels (0.95-1.00x,
+ * alternating in one process) and at MKL's whole-product rate (the harness'
+ * paired part: 0.93-1.03x MKL's time a flop), while our whole products take
+ * 1.10-1.30x MKL's time a flop; perf (cpu-clock: this VM has no hardware
+ * counters) puts 94% of the micro-kernel's samples in the K loop, packing
+ * ~3% of the product. What was tried against that and lost (AVX-512 unit
+ * built twice into one process, alternating per round, medians of 31-61
+ * rounds of 256 rows x 768 -> 3072, 3072 -> 768 and gate + up, loaded
+ * machine: time against this code): the weight panel held in L1 while the
+ * input panels stream past it, as MKL's kernel does (tiles in jr-outer
+ * order: 1.04-1.11x; prefetching the input panel instead of the weight
+ * 1.05-1.14x), MKL's 8 x 48 tile that way (1.02-1.08x), a 14 x 32 tile (no
+ * gain, gated slower), weight blocks of a quarter or an eighth of the L2
+ * (no gain), K blocks of 384 or 768 for one weight (1.00x, 1.03-1.04x), the
+ * next tile's output rows prefetched (1.00x), the weight panel prefetched 8,
+ * 24 or 32 K steps ahead rather than 16 (0.99-1.02x, AVX2 and AVX-512).
  *
  * acc[i][v] += sum_kk a_rows[i][kk * a_k_stride] * b[kk * nv * W + v * W] for
  * i < mr, v < nv: mr and nv are constants in each caller, so the tile stays in
@@ -194,6 +223,24 @@ static FMLP_ALWAYS_INLINE int64_t FN(lanes_inside)(int64_t cols, int v) {
   return left < 0 ? 0 : left;
 }
 
+/* Vector v of a tile row `cols` wide, at p: a whole vector loads and stores
+ * plainly, only the edge's is masked. AVX2's masked stores are slow (AMD
+ * Zen microcodes vmaskmovps; the bf16 units' go through a buffer), and every
+ * tile stores its accumulators once per K block. */
+static FMLP_ALWAYS_INLINE vreal FN(load_tile_vector)(const STORE *p, int64_t cols, int v) {
+  const int64_t lanes = FN(lanes_inside)(cols, v);
+  return lanes >= FMLP_SIMD_WIDTH ? vs_load(p) : vs_load_first(p, lanes);
+}
+
+static FMLP_ALWAYS_INLINE void FN(store_tile_vector)(STORE *p, vreal x, int64_t cols, int v) {
+  const int64_t lanes = FN(lanes_inside)(cols, v);
+  if (lanes >= FMLP_SIMD_WIDTH) {
+    vs_store(p, x);
+  } else {
+    vs_store_first(p, x, lanes);
+  }
+}
+
 /* The rows x cols part of the tile into row-major c. */
 static FMLP_ALWAYS_INLINE void FN(store_tile)(vreal acc[GEMM_MR][GEMM_NV], STORE *c, int64_t ldc,
                                               int64_t rows, int64_t cols) {
@@ -202,7 +249,7 @@ static FMLP_ALWAYS_INLINE void FN(store_tile)(vreal acc[GEMM_MR][GEMM_NV], STORE
     if (i >= rows) break;
 #pragma GCC unroll 8
     for (int v = 0; v < GEMM_NV; ++v) {
-      vs_store_first(c + i * ldc + v * FMLP_SIMD_WIDTH, acc[i][v], FN(lanes_inside)(cols, v));
+      FN(store_tile_vector)(c + i * ldc + v * FMLP_SIMD_WIDTH, acc[i][v], cols, v);
     }
   }
 }
@@ -218,7 +265,7 @@ static __attribute__((unused)) void FN(microkernel_packed)(int64_t kc, const REA
 #pragma GCC unroll 8
   for (int v = 0; v < GEMM_NV; ++v) {
     start[v] = ep->first_k_block && ep->bias != NULL
-                   ? vs_load_first(ep->bias + v * FMLP_SIMD_WIDTH, FN(lanes_inside)(cols, v))
+                   ? FN(load_tile_vector)(ep->bias + v * FMLP_SIMD_WIDTH, cols, v)
                    : v_zero();
   }
 #pragma GCC unroll 16
@@ -226,7 +273,7 @@ static __attribute__((unused)) void FN(microkernel_packed)(int64_t kc, const REA
 #pragma GCC unroll 8
     for (int v = 0; v < GEMM_NV; ++v) {
       acc[i][v] = !ep->first_k_block && i < rows
-                      ? vs_load_first(c + i * ldc + v * FMLP_SIMD_WIDTH, FN(lanes_inside)(cols, v))
+                      ? FN(load_tile_vector)(c + i * ldc + v * FMLP_SIMD_WIDTH, cols, v)
                       : start[v];
     }
   }
@@ -430,12 +477,13 @@ static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GATED_NV
   for (int i = 0; i < GATED_MR; ++i) {
 #pragma GCC unroll 8
     for (int v = 0; v < GATED_NV; ++v) {
-      const int64_t lanes = FN(lanes_inside)(cols, v);
       if (!first_k_block) {
-        acc[i][v] = i < rows ? vs_load_first(partial + i * stride + v * FMLP_SIMD_WIDTH, lanes)
+        acc[i][v] = i < rows ? FN(load_tile_vector)(partial + i * stride + v * FMLP_SIMD_WIDTH,
+                                                    cols, v)
                              : v_zero();
       } else {
-        acc[i][v] = bias != NULL ? vs_load_first(bias + v * FMLP_SIMD_WIDTH, lanes) : v_zero();
+        acc[i][v] = bias != NULL ? FN(load_tile_vector)(bias + v * FMLP_SIMD_WIDTH, cols, v)
+                                 : v_zero();
       }
     }
   }
@@ -482,10 +530,9 @@ static __attribute__((unused)) void FN(microkernel_gated)(int64_t kc, const REAL
       if (i >= rows) break;
 #pragma GCC unroll 8
       for (int v = 0; v < GATED_NV; ++v) {
-        const int64_t lanes = FN(lanes_inside)(cols, v);
         const int64_t at = i * ep->gate_up_stride + v * FMLP_SIMD_WIDTH;
-        vs_store_first(ep->gate + at, gate[i][v], lanes);
-        vs_store_first(ep->up + at, up[i][v], lanes);
+        FN(store_tile_vector)(ep->gate + at, gate[i][v], cols, v);
+        FN(store_tile_vector)(ep->up + at, up[i][v], cols, v);
       }
     }
   }
@@ -496,8 +543,8 @@ static __attribute__((unused)) void FN(microkernel_gated)(int64_t kc, const REAL
     if (i >= rows) break;
 #pragma GCC unroll 8
     for (int v = 0; v < GATED_NV; ++v) {
-      vs_store_first(ep->product + i * ep->product_stride + v * FMLP_SIMD_WIDTH,
-                    v_mul(gate[i][v], up[i][v]), FN(lanes_inside)(cols, v));
+      FN(store_tile_vector)(ep->product + i * ep->product_stride + v * FMLP_SIMD_WIDTH,
+                            v_mul(gate[i][v], up[i][v]), cols, v);
     }
   }
 }

@@ -15,6 +15,10 @@
  * than 2 x 16 (8 accumulators). */
 #define GATED_MR 6
 #define GATED_NR FMLP_SIMD_WIDTH
+/* gate and up run K in one block up to GEMM_KC (the 6-row input panel in
+ * half the L1, GATED_ONE_BLOCK_L1_SHARE's default: 1024 in 48 KiB); whole K
+ * past it, 1536 and 2048 with the panel in the whole L1, took 1.02-1.03x the
+ * time of two blocks (measured as in tile_avx512.h). */
 /* Where the AVX2 kernels lose to the FMA peak (Sapphire Rapids-class Xeon,
  * scripts/simd_efficiency.py avx2: one thread's CPU time against the peak timed
  * before each run, machine loaded by other builds, so +-15% run to run):

@@ -11,5 +11,12 @@
 /* gated: 6 x 2 zmm of gate and of up, 4 loads, one broadcast: 29 of 32 */
 #define GATED_MR 6
 #define GATED_NR GEMM_NR
+/* gate and up run K in one block while the 12-row input micro-panel fits
+ * the whole L1 (K up to 1024 in a 48 KiB L1): 256 rows x 768 -> 3072 gate
+ * and up took 0.95-0.96x the time of two K blocks of 384, 1024 -> 3072 0.96x
+ * of two of 512; at K 1536 and 2048 blocks of 384-1024 ran alike and whole K
+ * 1.03-1.09x (one thread, the unit built twice into one process, alternating,
+ * medians of 21-41 rounds, loaded machine). */
+#define GATED_ONE_BLOCK_L1_SHARE 1
 
 #endif /* FUSEDMLP_CPU_TILE_AVX512_H */

@@ -631,7 +631,8 @@ static void test_invalid_arguments(tally *t) {
  * and AVX-512) and 256 for the scalar one (float64); K over several blocks with bias
  * and activation (applied once, on the last block) and rows past one input
  * block; the gated kernel and the backward's products (dW has K = rows) past
- * one block. bfloat16 runs the whole K at once. */
+ * one block (the gated kernel's may hold twice GEMM_KC: also past that).
+ * bfloat16 runs the whole K at once. */
 static void test_k_blocks(tally *t, fmlp_dtype dtype, const fmlp_threading *threading) {
   const int64_t limits[] = {256, fmlp_cpu_l1_k_block(6 * (int64_t)sizeof(float)),
                             fmlp_cpu_l1_k_block(12 * (int64_t)sizeof(float))};
@@ -644,6 +645,8 @@ static void test_k_blocks(tally *t, fmlp_dtype dtype, const fmlp_threading *thre
     }
     test_linear(t, dtype, 400, 40, 3 * k + 1, FMLP_ACT_GELU, 1, 0, threading);
     test_gated(t, dtype, 70, k + 1, 37, FMLP_ACT_SILU, threading);
+    /* past the gated product's one block (GEMM_GATED_ONE_BLOCK_K: up to 2 k) */
+    test_gated(t, dtype, 70, 2 * k + 1, 37, FMLP_ACT_GELU_TANH, threading);
     test_chain_backward(t, dtype, k + 1, widths, FMLP_ACT_RELU, FMLP_ACT_GELU, 0, threading);
   }
 }
