@@ -553,22 +553,30 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
         }
         check_close(t, what, element(dtype, grad_b[p], j), db, tol);
         for (int64_t kk = 0; kk < w_cols[p]; ++kk) {
-          double dw = 0;
+          double dw = 0, magnitude = 0;
           for (int64_t i = 0; i < m; ++i) {
-            dw += p < 2 ? grads[p][i * hidden + j] * X(i, kk)
-                        : element(dtype, gy_data, i * out_dim + j) * p_ref[i * hidden + kk];
+            const double term =
+                p < 2 ? grads[p][i * hidden + j] * X(i, kk)
+                      : element(dtype, gy_data, i * out_dim + j) * p_ref[i * hidden + kk];
+            dw += term;
+            magnitude += fabs(term);
           }
-          check_close(t, what, element(dtype, grad_w[p], j * w_cols[p] + kk), dw, tol);
+          check_close(t, what, element(dtype, grad_w[p], j * w_cols[p] + kk), dw,
+                      sum_tolerance(dtype, m + dim + hidden + out_dim, dw, magnitude));
         }
       }
     }
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t kk = 0; kk < dim; ++kk) {
-        double gx = 0;
+        double gx = 0, magnitude = 0;
         for (int64_t h = 0; h < hidden; ++h) {
-          gx += grads[0][i * hidden + h] * W(0, h, kk) + grads[1][i * hidden + h] * W(1, h, kk);
+          const double from_gate = grads[0][i * hidden + h] * W(0, h, kk);
+          const double from_up = grads[1][i * hidden + h] * W(1, h, kk);
+          gx += from_gate + from_up;
+          magnitude += fabs(from_gate) + fabs(from_up);
         }
-        check_close(t, what, element(dtype, grad_x, i * dim + kk), gx, tol);
+        check_close(t, what, element(dtype, grad_x, i * dim + kk), gx,
+                    sum_tolerance(dtype, m + dim + hidden + out_dim, gx, magnitude));
       }
     }
 #undef X
@@ -713,6 +721,12 @@ int main(int argc, char **argv) {
                                 act % 2 ? &serial : &chunked);
     }
     test_gated_block_backward(&t, (fmlp_dtype)dtype, 70, 33, 40, 17, FMLP_ACT_SILU, 0, &chunked);
+    /* past the parallel thresholds: the many-row region's later row tasks and the few-row
+     * one's later column tasks, each from its own offset into the saved gate and up (bfloat16
+     * sums over 130 rows cancel: the gradients' tolerance follows their terms) */
+    test_gated_block_backward(&t, (fmlp_dtype)dtype, 130, 64, 96, 40, FMLP_ACT_GELU_TANH, 1,
+                              &chunked);
+    test_gated_block_backward(&t, (fmlp_dtype)dtype, 20, 64, 96, 40, FMLP_ACT_GELU, 0, &chunked);
     test_k_blocks(&t, (fmlp_dtype)dtype, &chunked);
     const int64_t empty_rows_widths[3] = {3, 4, 2};
     test_chain_backward(&t, (fmlp_dtype)dtype, 0, empty_rows_widths, FMLP_ACT_GELU,
