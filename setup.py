@@ -169,7 +169,7 @@ def kernel_libraries() -> list[tuple[str, dict]]:
     shared = [str(p.relative_to(ROOT)) for p in cpu_dir.glob("*.c")]
     flagless_units = [source for source in unit_isas if source not in isa_sources]
     portable = sorted([source for source in shared if source not in all_units] + flagless_units)
-    flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-fno-math-errno"]
+    flags = ["-std=c11", "-O3", "-fPIC", "-Wall", "-Wextra", "-Wpointer-arith", "-fno-math-errno"]
     # obj_deps: every kernel includes the templates and headers, which
     # build_clib would otherwise not know to recompile for.
     headers = sorted(

@@ -25,6 +25,7 @@ COMMON = [
     "-O1",
     "-Wall",
     "-Wextra",
+    "-Wpointer-arith",
     "-Werror",
     f"-I{ROOT / 'csrc' / 'include'}",
     f"-I{CPU_DIR}",

@@ -343,10 +343,9 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
    * (perf, one thread, C harness, loaded machine) */
   if (ep->bias == NULL && ep->pre == NULL && ep->activation == FMLP_ACT_NONE) {
     for (int64_t i = 0; i < rows; ++i) {
-      for (int v = 0; v < GEMM_NV; ++v) {
-        vs_store_first(c + i * ldc + v * FMLP_SIMD_WIDTH, v_load(&t[i][v * FMLP_SIMD_WIDTH]),
-                       FN(lanes_inside)(cols, v));
-      }
+      vreal row[GEMM_NV];
+      for (int v = 0; v < GEMM_NV; ++v) row[v] = v_load(&t[i][v * FMLP_SIMD_WIDTH]);
+      FN(store_row_bf16)(c + i * ldc, row, GEMM_NV, cols);
     }
     return;
   }
