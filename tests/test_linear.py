@@ -336,6 +336,12 @@ def test_cuda_float32_after_mixed_precision_settings(generator):
         torch.set_float32_matmul_precision(before[1])
 
 
+def assert_close_to_float64(actual: torch.Tensor, expected: torch.Tensor, where: str) -> None:
+    torch.testing.assert_close(
+        actual.double(), expected, rtol=1e-5, atol=1e-5, msg=lambda m: f"{where}: {m}"
+    )
+
+
 def test_few_rows_every_row_count_and_column_span(isa, generator):
     """One to five rows read the weight in place (dot products specialised on the row count,
     the epilogue per 64-column span): every row count, column counts on both sides of a span,
@@ -351,20 +357,8 @@ def test_few_rows_every_row_count_and_column_span(isa, generator):
                     y = fusedmlp.linear(x, w, b, activation)
                     expected = reference64(x.detach(), w, b, activation)
                     where = f"{isa}: {rows} x {k} -> {n}, {activation}"
-                    torch.testing.assert_close(
-                        y.double(),
-                        expected,
-                        rtol=1e-5,
-                        atol=1e-5,
-                        msg=lambda m, where=where: f"{where}: {m}",
-                    )
+                    assert_close_to_float64(y, expected, where)
                     (grad,) = torch.autograd.grad(y.sum(), x)
                     x64 = x.detach().double().requires_grad_()
                     (grad64,) = torch.autograd.grad(reference64(x64, w, b, activation).sum(), x64)
-                    torch.testing.assert_close(
-                        grad.double(),
-                        grad64,
-                        rtol=1e-5,
-                        atol=1e-5,
-                        msg=lambda m, where=where: f"{where}, grad: {m}",
-                    )
+                    assert_close_to_float64(grad, grad64, f"{where}, grad")
