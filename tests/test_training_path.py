@@ -70,3 +70,32 @@ def test_a_dispatch_mode_keeps_the_op_autograd_with_the_same_gradients(name: str
         gradients.append([t.grad for t in (x, *parameters)])
     for function_grad, op_grad in zip(*gradients, strict=True):
         torch.testing.assert_close(function_grad, op_grad)
+
+
+@pytest.mark.parametrize("name", list(calls()))
+def test_parameter_gradients_are_the_backwards_own_tensors(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AccumulateGrad steals a fresh gradient into .grad only when nothing else holds it and it
+    is no view; otherwise it copies it (a ~0.8 MB clone per 16 x 256^3 step, as much as the
+    backward's arithmetic). Each .grad must be the very storage the backward wrote."""
+    from fusedmlp import autograd
+
+    call, parameters, _ = calls()[name]
+    produced: list[int] = []  # data pointers only: holding the tensors would prevent the steal
+
+    def recording(backward):
+        def run(*args, **kwargs):
+            grads = backward(*args, **kwargs)
+            flat = [g for part in grads for g in (part if isinstance(part, list) else [part])]
+            produced.extend(g.data_ptr() for g in flat if g is not None)
+            return grads
+
+        return run
+
+    monkeypatch.setattr(autograd, "_chain_backward", recording(autograd._chain_backward))
+    monkeypatch.setattr(autograd, "_gated_backward", recording(autograd._gated_backward))
+    call(torch.randn(3, DIM)).sum().backward()
+    for parameter in parameters:
+        assert parameter.grad._base is None
+        assert parameter.grad.data_ptr() in produced
