@@ -43,7 +43,25 @@ std::string dtype_names(const std::vector<ScalarType> &dtypes) {
   return names;
 }
 
-void check_same(const char *op, const char *name, const Tensor &t, const Tensor &x) {
+// An argument's name for messages, "weight" or "weight[1]": put together only when a check
+// fails (building strings for every layer of every call was part of a small op's fixed cost).
+struct ArgName {
+  ArgName(const char *base, int64_t index = -1) : base(base), index(index) {}  // implicit: literals
+  const char *base;
+  int64_t index;  // -1: no index
+};
+
+std::ostream &operator<<(std::ostream &out, ArgName name) {
+  out << name.base;
+  return name.index < 0 ? out : out << "[" << name.index << "]";
+}
+
+// Layer l's name among n_layers: indexed only when there are several.
+ArgName layer_arg(const char *base, size_t l, size_t n_layers) {
+  return {base, n_layers > 1 ? static_cast<int64_t>(l) : -1};
+}
+
+void check_same(const char *op, ArgName name, const Tensor &t, const Tensor &x) {
   FMLP_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", name, " has dtype ", t.scalar_type(),
               " but x has dtype ", x.scalar_type(), "; all tensors must share one dtype");
   FMLP_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(), " but x is on ",
@@ -55,13 +73,13 @@ void check_x(const char *op, const Tensor &x, const std::vector<ScalarType> &dty
   check_dtype(op, "x", x, dtypes);
 }
 
-void check_weight(const char *op, const std::string &name, const Tensor &w,
+void check_weight(const char *op, ArgName name, const Tensor &w,
                   int64_t in_features, const Tensor &x) {
   FMLP_CHECK(w.dim() == 2, op, ": ", name, " must be 2-D (out_features, in_features), got ",
               w.dim(), "-D with shape ", Shape{w.sizes()});
   FMLP_CHECK(w.size(1) == in_features, op, ": ", name, " has shape ", Shape{w.sizes()}, " and expects ",
               w.size(1), " input features, but its input has ", in_features);
-  check_same(op, name.c_str(), w, x);
+  check_same(op, name, w, x);
 }
 
 // The number of rows of x viewed as (rows, in_features): the product of its
@@ -78,7 +96,7 @@ int64_t leading_rows(const char *op, const Tensor &x) {
 
 // Checks that rows * width * copies, and the running total of such products,
 // fit in int64, before anything of that size is allocated.
-void check_count(const char *op, const std::string &weight, const char *what, int64_t rows,
+void check_count(const char *op, ArgName weight, const char *what, int64_t rows,
                  int64_t width, int64_t copies, int64_t *total) {
   int64_t count = 0;
   const bool overflows = __builtin_mul_overflow(rows, width, &count) ||
@@ -88,12 +106,12 @@ void check_count(const char *op, const std::string &weight, const char *what, in
               " output features: ", what, " would have more elements than int64 can count");
 }
 
-void check_bias(const char *op, const std::string &name, const OptionalTensor &bias,
+void check_bias(const char *op, ArgName name, const OptionalTensor &bias,
                 int64_t out_features, const Tensor &x) {
   if (!bias.has_value()) return;
   FMLP_CHECK(bias->dim() == 1 && bias->size(0) == out_features, op, ": ", name,
               " must have shape (", out_features, "), got ", Shape{bias->sizes()});
-  check_same(op, name.c_str(), *bias, x);
+  check_same(op, name, *bias, x);
 }
 
 void check_grad_y(const char *op, const Tensor &grad_y, const Tensor &x,
@@ -135,19 +153,17 @@ void check_chain(const char *op, const Tensor &x, TensorList weights,
               " weights but ", biases.size(), " biases; pass one bias per weight, or none");
   int64_t features = x.size(-1);
   for (size_t l = 0; l < weights.size(); ++l) {
-    const std::string suffix = weights.size() > 1 ? "[" + std::to_string(l) + "]" : "";
-    check_weight(op, "weight" + suffix, weights[l], features, x);
+    check_weight(op, layer_arg("weight", l, weights.size()), weights[l], features, x);
     features = weights[l].size(0);
-    check_bias(op, "bias" + suffix, bias_at(biases, l), features, x);
+    check_bias(op, layer_arg("bias", l, weights.size()), bias_at(biases, l), features, x);
   }
   // Every layer's output may be saved twice (pre-activation and hidden), so the
   // saved buffer holds at most 2 * rows * sum(widths) elements.
   const int64_t rows = leading_rows(op, x);
   int64_t saved = 0;
   for (size_t l = 0; l < weights.size(); ++l) {
-    const std::string name = weights.size() > 1 ? "weight[" + std::to_string(l) + "]" : "weight";
-    check_count(op, name, "the output and saved activations", rows, weights[l].size(0), 2,
-                &saved);
+    check_count(op, layer_arg("weight", l, weights.size()), "the output and saved activations",
+                rows, weights[l].size(0), 2, &saved);
   }
 }
 
@@ -251,6 +267,8 @@ SavedChainLayout saved_chain_layout(int64_t rows, const std::vector<int64_t> &wi
                                     fmlp_activation hidden, fmlp_activation final_activation) {
   SavedChainLayout layout;
   const size_t n_layers = widths.size() - 1;
+  layout.pre_offset.reserve(n_layers);
+  layout.hidden_offset.reserve(n_layers);
   for (size_t l = 0; l < n_layers; ++l) {
     const bool last = l + 1 == n_layers;
     const int64_t size = rows * widths[l + 1];
@@ -264,7 +282,9 @@ SavedChainLayout saved_chain_layout(int64_t rows, const std::vector<int64_t> &wi
 }
 
 std::vector<int64_t> chain_widths(const Tensor &x, TensorList weights) {
-  std::vector<int64_t> widths = {x.size(-1)};
+  std::vector<int64_t> widths;
+  widths.reserve(weights.size() + 1);
+  widths.push_back(x.size(-1));
   for (const auto &w : weights) widths.push_back(w.size(0));
   return widths;
 }
