@@ -24,6 +24,8 @@
  * re-read the weights less: 4096 x 1024 -> 4096 GELU ran 193 ms in 48-row
  * blocks, 184 ms in ~400-row ones. */
 #define ACTIVATION_BLOCK_BYTES ((int64_t)256 << 10)
+#define TASKS_PER_THREAD 4
+#define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
 
 /* Up to this many rows an op is one row block whose products split their
  * output columns over the threads, and whose weights are not packed ahead:
@@ -31,16 +33,31 @@
  * right before its tiles (weight_blocks), in place of packing each whole
  * weight into a fresh buffer every call (at 256 tokens, bfloat16 768 ->
  * 3072 -> 768 GeGLU spent ~14% of its time in that pack and ~12.5% faulting
- * in its 3 x 4.7 MB of buffers; perf, one thread). Past it, row blocks
- * re-read the packed weights from L2 or L3, and the whole input block the
- * just-in-time path keeps would not fit the L2. MEASURED_BELOW */
+ * in its 3 x 4.7 MB of buffers; perf, one thread). Measured on the Xeon
+ * against packing ahead (one process per build, builds alternating, 3-9
+ * rounds of 7-11 calls; machine loaded, load average 2-6 on 2 cores), one
+ * thread's CPU time, min, just in time / ahead, bfloat16 then float32:
+ * gated_mlp_train 768 -> 3072 -> 768 GELU(tanh) at 256 rows 0.93 / 0.94
+ * (8.08 -> 7.53 ms bfloat16, in the quietest rounds; 0.74 / 0.86 in busier
+ * ones), 384 0.79 / 0.85, 512 0.83 / 0.88, 768 0.81 / 0.88, 1024 0.89 /
+ * 0.99; mlp_train 512^3 ReLU at 256 0.89 / 0.99, 512 0.93 / 0.92, 1024
+ * 0.82 / 0.96; linear 1024 -> 4096 GELU at 256 0.81 / 0.83, 512 0.92 /
+ * 0.91, 768 0.95 / 0.91, 1024 0.96 / 0.90. Two threads could not be
+ * measured under that load: their times came in scheduler quanta (4, 8,
+ * 12 ms), the column split's stages waiting for a preempted thread where
+ * row blocks do not; the quietest calls (min of 4 x 60) ran mlp_train at
+ * 256 rows 0.44 ms against 0.91 (bfloat16), 1.96 against 2.24 (float32),
+ * the gated block at 256 11.1 against 9.1 (bfloat16, medians 12-33 against
+ * 33-47), 28.6 against 53.0 (float32), mlp_train at 512 bfloat16 5.8
+ * against 1.4 (no quiet call in 60). The gain shrinks with the rows (each
+ * thread packs the whole input, whose block outgrows the L2 past a few
+ * hundred bfloat16 rows of K = 3072), so the bound stays where every case
+ * gained on one thread. */
 #define GEMM_JIT_MAX_ROWS ((int64_t)512)
 _Static_assert(GEMM_JIT_MAX_ROWS >= GEMM_UNPACKED_MAX_ROWS, "few rows are one row block too");
 
 /* Whether an op over `rows` rows packs its weights just in time. */
 static int FN(packs_just_in_time)(int64_t rows) { return rows <= GEMM_JIT_MAX_ROWS; }
-#define TASKS_PER_THREAD 4
-#define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
 
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
                                      int64_t activation_elems_per_row) {
