@@ -249,16 +249,17 @@ static fmlp_status FN(run_row_blocks)(FN(row_blocks) *blocks, int64_t weight_ele
   return (fmlp_status)atomic_load(&blocks->status);
 }
 
-/* ---- few rows: products split by columns ---- */
+/* ---- one row block: products split by columns ---- */
 
 /* An op's products are split by columns from this many multiply-adds (~10 us
  * on one core) on. Measured, 16 x (256 -> 256 -> 256 -> 256) ReLU on 2
  * threads: 86 us serial, 58 us split (both through torch.ops). */
 #define COLUMN_SPLIT_MIN_MULTIPLY_ADDS ((int64_t)1 << 19)
 
-/* Few rows make one row block, which one thread would run alone; its products
- * then run as stages whose output columns are split over `threading`'s
- * threads instead, task t packing its inputs into packs + t * pack_elems.
+/* Up to GEMM_JIT_MAX_ROWS rows make one row block, which one thread would
+ * run alone; its products then run as stages whose output columns are split
+ * over `threading`'s threads instead, task t packing its inputs (and its
+ * weight blocks, see task_pack_elems) into packs + t * pack_elems.
  * threading NULL: never split. */
 typedef struct {
   const fmlp_threading *threading;
