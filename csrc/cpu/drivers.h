@@ -1,8 +1,9 @@
 /* Whole-op forward drivers over the GEMM core (template: see
  * real_template.h): layer chains (Linear, MLP) and the gated block. Work is
  * split into row blocks run through every layer, so intermediates stay per
- * block; threads take blocks from a queue, and a single block of few rows
- * splits its products' columns over the threads instead. */
+ * block; threads take blocks from a queue, and a single block of up to a
+ * few hundred rows splits its products' columns over the threads instead,
+ * its weights read in place or packed just in time (GEMM_JIT_MAX_ROWS). */
 #include <stdatomic.h>
 
 #include "gemm.h"
@@ -26,12 +27,46 @@
 #define TASKS_PER_THREAD 4
 #define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
 
+/* Up to this many rows an op is one row block whose products split their
+ * output columns over the threads, and whose weights are not packed ahead:
+ * gemm.h packs each NC x KC block of them into a small per-thread buffer
+ * right before its tiles (weight_blocks), in place of packing each whole
+ * weight into a fresh buffer every call (at 256 tokens, bfloat16 768 ->
+ * 3072 -> 768 GeGLU spent ~14% of its time in that pack and ~12.5% faulting
+ * in its 3 x 4.7 MB of buffers; perf, one thread). Measured on the Xeon
+ * against packing ahead (one process per build, builds alternating, 3-9
+ * rounds of 7-11 calls; machine loaded, load average 2-6 on 2 cores), one
+ * thread's CPU time, min, just in time / ahead, bfloat16 then float32:
+ * gated_mlp_train 768 -> 3072 -> 768 GELU(tanh) at 256 rows 0.93 / 0.94
+ * (8.08 -> 7.53 ms bfloat16, in the quietest rounds; 0.74 / 0.86 in busier
+ * ones), 384 0.79 / 0.85, 512 0.83 / 0.88, 768 0.81 / 0.88, 1024 0.89 /
+ * 0.99; mlp_train 512^3 ReLU at 256 0.89 / 0.99, 512 0.93 / 0.92, 1024
+ * 0.82 / 0.96; linear 1024 -> 4096 GELU at 256 0.81 / 0.83, 512 0.92 /
+ * 0.91, 768 0.95 / 0.91, 1024 0.96 / 0.90. Two threads could not be
+ * measured under that load: their times came in scheduler quanta (4, 8,
+ * 12 ms), the column split's stages waiting for a preempted thread where
+ * row blocks do not; the quietest calls (min of 4 x 60) ran mlp_train at
+ * 256 rows 0.44 ms against 0.91 (bfloat16), 1.96 against 2.24 (float32),
+ * the gated block at 256 11.1 against 9.1 (bfloat16, medians 12-33 against
+ * 33-47), 28.6 against 53.0 (float32), mlp_train at 512 bfloat16 5.8
+ * against 1.4 (no quiet call in 60). The gain shrinks with the rows (each
+ * thread packs the whole input, whose block outgrows the L2 past a few
+ * hundred bfloat16 rows of K = 3072), so the bound stays where every case
+ * gained on one thread. */
+#define GEMM_JIT_MAX_ROWS ((int64_t)512)
+_Static_assert(GEMM_JIT_MAX_ROWS >= GEMM_UNPACKED_MAX_ROWS, "few rows are one row block too");
+
+/* Whether an op over `rows` rows packs its weights just in time. */
+static int FN(packs_just_in_time)(int64_t rows) { return rows <= GEMM_JIT_MAX_ROWS; }
+
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
                                      int64_t activation_elems_per_row) {
   const int64_t threads = n_threads > 0 ? n_threads : 1;
-  /* Weights read in place (few rows): one block, as the transposed kernel
-   * puts rows in vector lanes and splitting them would leave lanes empty. */
-  if (rows <= GEMM_UNPACKED_MAX_ROWS) return rows;
+  /* Weights read in place (few rows) or packed just in time: one block
+   * (the transposed kernel puts rows in vector lanes, and splitting them
+   * would leave lanes empty; a weight block packed just in time serves all
+   * the rows). */
+  if (FN(packs_just_in_time)(rows)) return rows;
   const int64_t per_thread = (rows + threads - 1) / threads;
   /* Several blocks a thread, so the task queue can balance a slowed thread;
    * each block re-reads the weights, a few percent at these sizes. */
@@ -68,6 +103,58 @@ static void FN(advise_output)(void *data, int64_t rows, int64_t width, int64_t s
 
 static void FN(free_packed)(FN(packed_weight) *packed, int64_t count) {
   for (int64_t i = 0; i < count; ++i) free(packed[i].data);
+}
+
+/* w [n, k] packed ahead for an op over `rows` rows, or left where it is
+ * (read in place, or packed just in time). */
+static fmlp_status FN(prepare_weight)(fmlp_input w, int64_t n, int64_t k, int64_t rows,
+                                      const fmlp_threading *threading,
+                                      FN(packed_weight) *packed) {
+  if (FN(packs_just_in_time)(rows)) {
+    *packed = (FN(packed_weight)){.data = NULL, .source = w, .n = n, .k = k};
+    return FMLP_OK;
+  }
+  return FN(pack_weight)(w, n, k, rows, threading, NULL, packed);
+}
+
+/* REALs in a cache line: task scratch starts on one. */
+#define CACHE_LINE_REALS ((int64_t)(64 / sizeof(REAL)))
+
+/* The larger of two element counts; -1 when either is (overflowed). */
+static int64_t FN(larger_elems)(int64_t a, int64_t b) {
+  return a < 0 || b < 0 ? -1 : a > b ? a : b;
+}
+
+/* Elements of the weight blocks of a product of `weights` weights like w
+ * multiplied into `rows` rows, packed just in time; 0 for a weight packed
+ * ahead, read in place or empty (nothing to pack). */
+static int64_t FN(jit_block_elems)(const FN(packed_weight) *w, int64_t rows, int64_t weights) {
+  if (w->n == 0 || w->k == 0 || w->data != NULL || FN(reads_weight_in_place)(w, rows)) return 0;
+  return FN(weight_block_elems)(w->k, weights);
+}
+
+/* Elements of one task's scratch for products over up to `rows` rows and K
+ * up to max_k, with weight blocks of up to block_elems elements (the
+ * largest jit_block_elems of its products; 0: none packed just in time)
+ * starting *weight_block_at elements in (-1: none); -1 on overflow. Whole
+ * cache lines, so that tasks' scratch never shares one. */
+static int64_t FN(task_pack_elems)(int64_t rows, int64_t max_k, int64_t block_elems,
+                                   int64_t *weight_block_at) {
+  int64_t at = FN(input_pack_elems)(rows, max_k), total;
+  *weight_block_at = -1;
+  if (!FN(packs_just_in_time)(rows) || block_elems == 0 || at < 0) return at;
+  const int64_t whole = FN(whole_input_pack_elems)(rows, max_k);
+  if (whole < 0 || block_elems < 0) return -1;
+  if (whole > at) at = whole;
+  at = (at + CACHE_LINE_REALS - 1) / CACHE_LINE_REALS * CACHE_LINE_REALS;
+  if (!fmlp_checked_add(at, block_elems + CACHE_LINE_REALS - 1, &total)) return -1;
+  *weight_block_at = at;
+  return total / CACHE_LINE_REALS * CACHE_LINE_REALS;
+}
+
+/* Where a task's weight blocks go in its scratch (NULL: weights packed ahead). */
+static REAL *FN(weight_block_in)(REAL *task_pack, int64_t weight_block_at) {
+  return weight_block_at >= 0 ? task_pack + weight_block_at : NULL;
 }
 
 static STORE *FN(rows_at)(void *base, int64_t row, int64_t stride) {
@@ -162,16 +249,17 @@ static fmlp_status FN(run_row_blocks)(FN(row_blocks) *blocks, int64_t weight_ele
   return (fmlp_status)atomic_load(&blocks->status);
 }
 
-/* ---- few rows: products split by columns ---- */
+/* ---- one row block: products split by columns ---- */
 
 /* An op's products are split by columns from this many multiply-adds (~10 us
  * on one core) on. Measured, 16 x (256 -> 256 -> 256 -> 256) ReLU on 2
  * threads: 86 us serial, 58 us split (both through torch.ops). */
 #define COLUMN_SPLIT_MIN_MULTIPLY_ADDS ((int64_t)1 << 19)
 
-/* Few rows make one row block, which one thread would run alone; its products
- * then run as stages whose output columns are split over `threading`'s
- * threads instead, task t packing its inputs into packs + t * pack_elems.
+/* Up to GEMM_JIT_MAX_ROWS rows make one row block, which one thread would
+ * run alone; its products then run as stages whose output columns are split
+ * over `threading`'s threads instead, task t packing its inputs (and its
+ * weight blocks, see task_pack_elems) into packs + t * pack_elems.
  * threading NULL: never split. */
 typedef struct {
   const fmlp_threading *threading;
@@ -188,7 +276,7 @@ static fmlp_status FN(column_split_for)(const FN(row_blocks) *blocks, int64_t we
   if (blocks->input_pack_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
   int64_t multiply_adds;
   if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
-  if (blocks->n_blocks != 1 || blocks->rows > GEMM_UNPACKED_MAX_ROWS || threading == NULL ||
+  if (blocks->n_blocks != 1 || !FN(packs_just_in_time)(blocks->rows) || threading == NULL ||
       threading->n_threads <= 1 || multiply_adds < COLUMN_SPLIT_MIN_MULTIPLY_ADDS) {
     return FMLP_OK;
   }
@@ -199,32 +287,24 @@ static fmlp_status FN(column_split_for)(const FN(row_blocks) *blocks, int64_t we
   return FMLP_OK;
 }
 
-/* Task `task` of n_tasks's share [*j0, *j0 + *count) of n output columns: whole
- * MR-wide slices, or all of them for task 0 when the product cannot be cut
- * (a packed weight). */
-static void FN(column_part)(int64_t n, int whole, int64_t task, int64_t n_tasks, int64_t *j0,
-                            int64_t *count) {
-  if (whole || n_tasks == 1) {
-    *j0 = 0;
-    *count = task == 0 ? n : 0;
-    return;
-  }
-  FN(even_split)(n, GEMM_MR, n_tasks, task, j0, count);
+/* Task `task` of n_tasks's share [*j0, *j0 + *count) of w's n output
+ * columns multiplied into `rows` rows: whole slices of MR weight rows where
+ * the weight is read in place (the transposed kernels' tile), else of NR
+ * (whole panels). */
+static void FN(column_part)(const FN(packed_weight) *w, int64_t rows, int64_t task,
+                            int64_t n_tasks, int64_t *j0, int64_t *count) {
+  FN(even_split)(w->n, FN(reads_weight_in_place)(w, rows) ? GEMM_MR : GEMM_NR, n_tasks, task,
+                 j0, count);
 }
 
-/* gemm_rows for output columns [j0, j0 + count) (a packed weight: only all
- * of them), from `in` or, when set, from in_lanes (see lanes_width). */
+/* gemm_rows_packing for output columns [j0, j0 + count) (see column_part),
+ * from `in` or, when set, from in_lanes (see lanes_width). */
 static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t rows,
                                   const FN(packed_weight) *w, int64_t j0, int64_t count,
                                   const STORE *bias, fmlp_activation activation,
-                                  FN(product_out) out, REAL *input_pack) {
+                                  FN(product_out) out, REAL *input_pack, REAL *weight_block) {
   if (count == 0) return;
-  const FN(packed_weight) part = {
-      w->data,
-      {(const STORE *)w->source.data + j0 * w->source.row_stride, w->source.row_stride,
-       w->source.col_stride},
-      count,
-      w->k};
+  const FN(packed_weight) part = FN(weight_columns)(w, j0, count);
   const STORE *part_bias = bias != NULL ? bias + j0 : NULL;
   STORE *part_pre = out.pre != NULL ? out.pre + j0 : NULL;
 #if FMLP_TRANSPOSED_KERNELS
@@ -241,18 +321,19 @@ static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t r
 #else
   (void)in_lanes; /* lanes only come with the SIMD kernels */
 #endif
-  FN(gemm_rows)(in, rows, &part, part_bias, activation, out.c + j0, out.ldc, part_pre,
-                out.pre_stride, input_pack);
+  FN(gemm_rows_packing)(in, rows, &part, part_bias, activation, out.c + j0, out.ldc, part_pre,
+                        out.pre_stride, input_pack, weight_block);
 }
 
 /* gemm_rows_columns for task `task` of n_tasks's share of the output columns. */
 static void FN(gemm_rows_part)(fmlp_input in, const REAL *in_lanes, int64_t rows,
                                const FN(packed_weight) *w, const STORE *bias,
                                fmlp_activation activation, FN(product_out) out, int64_t task,
-                               int64_t n_tasks, REAL *input_pack) {
+                               int64_t n_tasks, REAL *input_pack, REAL *weight_block) {
   int64_t j0, count;
-  FN(column_part)(w->n, w->data != NULL, task, n_tasks, &j0, &count);
-  FN(gemm_rows_columns)(in, in_lanes, rows, w, j0, count, bias, activation, out, input_pack);
+  FN(column_part)(w, rows, task, n_tasks, &j0, &count);
+  FN(gemm_rows_columns)(in, in_lanes, rows, w, j0, count, bias, activation, out, input_pack,
+                        weight_block);
 }
 
 /* Part `task` of n_tasks of stage `stage` of a row block's products. */
@@ -310,6 +391,7 @@ typedef struct {
   const fmlp_cpu_chain_args *args;
   const FN(packed_weight) *packed;
   int64_t scratch_rows, max_hidden;
+  int64_t weight_block_at; /* in a task's input pack (task_pack_elems) */
   FN(column_split) split;
 } FN(chain_job);
 
@@ -330,7 +412,8 @@ static int FN(hands_off_lanes)(const FN(chain_rows) *b, int64_t l) {
   const FN(packed_weight) *packed = b->job->packed;
   if (l + 1 >= a->n_layers || !FN(lanes_possible)(b->rows)) return 0;
   if (a->saved_hidden != NULL && a->saved_hidden[l] != NULL) return 0;
-  return packed[l].data == NULL && packed[l + 1].data == NULL && a->widths[l] > 0 &&
+  return FN(reads_weight_in_place)(&packed[l], b->rows) &&
+         FN(reads_weight_in_place)(&packed[l + 1], b->rows) && a->widths[l] > 0 &&
          a->widths[l + 1] > 0 && a->widths[l + 2] > 0;
 #else
   (void)b;
@@ -379,7 +462,8 @@ static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int
   FN(gemm_rows_part)(in, in_lanes, b->rows, &b->job->packed[l],
                      a->biases != NULL ? a->biases[l] : NULL,
                      l == a->n_layers - 1 ? a->final_activation : a->hidden_activation, out,
-                     task, n_tasks, input_pack);
+                     task, n_tasks, input_pack,
+                     FN(weight_block_in)(input_pack, b->job->weight_block_at));
 }
 
 /* scratch: two scratch_rows x max_hidden matrices the hidden layers ping-pong through */
@@ -396,11 +480,13 @@ static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
 static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_weight) *packed,
                                  const fmlp_threading *threading) {
   int64_t weight_elems = 0, max_hidden = 0, max_k = 0, row_elems = a->widths[0];
+  int64_t block_elems = 0;
   for (int64_t l = 0; l < a->n_layers; ++l) {
     weight_elems += a->widths[l + 1] * a->widths[l];
     row_elems += a->widths[l + 1];
     if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
     if (a->widths[l] > max_k) max_k = a->widths[l];
+    block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&packed[l], a->rows, 1));
   }
   FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 2, .scratch_cols = max_hidden,
                            .run_block = FN(chain_block)};
@@ -409,9 +495,12 @@ static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_w
   if (blocks.scratch_rows < GEMM_NR) blocks.scratch_rows = GEMM_NR;
   FN(chain_job) job = {.args = a, .packed = packed, .scratch_rows = blocks.scratch_rows,
                        .max_hidden = max_hidden};
-  blocks.input_pack_elems = FN(input_pack_elems)(blocks.block_rows, max_k);
+  blocks.input_pack_elems =
+      FN(task_pack_elems)(blocks.block_rows, max_k, block_elems, &job.weight_block_at);
   blocks.op = &job;
   fmlp_status status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+  /* split tasks pack into the split's scratch, not the row block's */
+  if (job.split.threading != NULL) blocks.input_pack_elems = 0;
   if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
   free(job.split.packs);
   return status;
@@ -432,8 +521,8 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
   if (packed == NULL) return FMLP_ERR_OUT_OF_MEMORY;
   fmlp_status status = FMLP_OK;
   for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
-    status = FN(pack_weight)(a->weights[l], a->widths[l + 1], a->widths[l], a->rows, threading,
-                             NULL, &packed[l]);
+    status = FN(prepare_weight)(a->weights[l], a->widths[l + 1], a->widths[l], a->rows,
+                                threading, &packed[l]);
   }
   if (status == FMLP_OK) status = FN(run_chain)(a, packed, threading);
   FN(free_packed)(packed, a->n_layers);
@@ -447,6 +536,7 @@ typedef struct {
   const fmlp_cpu_gated_args *args;
   FN(packed_weight) gate, up, down;
   int64_t block_rows;
+  int64_t weight_block_at; /* in a task's input pack (task_pack_elems) */
   FN(column_split) split;
 } FN(gated_job);
 
@@ -474,37 +564,44 @@ typedef struct {
   STORE *gate, *up, *product; /* rows x hidden, row stride hidden */
 } FN(gated_rows);
 
-/* Stage 0, task `task`'s columns of the product (both weights packed: the
- * gated micro-kernel, whole); stage 1, of the down projection. */
+/* Stage 0, task `task`'s columns of the product (the gated micro-kernel
+ * where neither weight is read in place); stage 1, of the down projection. */
 static void FN(gated_part)(const void *block, int64_t stage, int64_t task, int64_t n_tasks,
                            REAL *input_pack) {
   const FN(gated_rows) *b = block;
   const FN(gated_job) *job = b->job;
   const fmlp_cpu_gated_args *a = job->args;
   const int64_t h = a->hidden;
+  REAL *weight_block = FN(weight_block_in)(input_pack, job->weight_block_at);
   if (stage == 1) {
     const FN(product_out) out = {.c = FN(rows_at)(a->y, b->r0, a->y_row_stride),
                                  .ldc = a->y_row_stride};
     FN(gemm_rows_part)((fmlp_input){b->product, h, 1}, NULL, b->rows, &job->down, a->bias_down,
-                       FMLP_ACT_NONE, out, task, n_tasks, input_pack);
+                       FMLP_ACT_NONE, out, task, n_tasks, input_pack, weight_block);
     return;
   }
+  /* gate and up cut alike, so the task's product columns need only its own */
+  int64_t j0, count;
+  FN(column_part)(&job->gate, b->rows, task, n_tasks, &j0, &count);
 #if FMLP_GATED_KERNEL
-  if (job->gate.data != NULL && job->up.data != NULL && a->dim > 0) {
-    if (task != 0) return;
+  if (!FN(reads_weight_in_place)(&job->gate, b->rows) &&
+      !FN(reads_weight_in_place)(&job->up, b->rows) && a->dim > 0) {
+    if (count == 0) return;
+    const FN(packed_weight) gate = FN(weight_columns)(&job->gate, j0, count),
+                            up = FN(weight_columns)(&job->up, j0, count);
+    const STORE *bias_gate = a->bias_gate, *bias_up = a->bias_up;
     const int save = a->saved_gate != NULL || a->saved_up != NULL;
-    FN(gemm_gated_rows)(b->in, b->rows, &job->gate, &job->up, a->bias_gate, a->bias_up,
-                        a->activation, b->gate, b->up, b->product, h, save, input_pack);
+    FN(gemm_gated_rows)(b->in, b->rows, &gate, &up, bias_gate != NULL ? bias_gate + j0 : NULL,
+                        bias_up != NULL ? bias_up + j0 : NULL, a->activation, b->gate + j0,
+                        b->up + j0, b->product + j0, h, save, input_pack, weight_block);
     return;
   }
 #endif
-  /* gate and up cut alike, so the task's product columns need only its own */
-  int64_t j0, count;
-  FN(column_part)(h, job->gate.data != NULL || job->up.data != NULL, task, n_tasks, &j0, &count);
   FN(gemm_rows_columns)(b->in, NULL, b->rows, &job->gate, j0, count, a->bias_gate,
-                        FMLP_ACT_NONE, (FN(product_out)){.c = b->gate, .ldc = h}, input_pack);
+                        FMLP_ACT_NONE, (FN(product_out)){.c = b->gate, .ldc = h}, input_pack,
+                        weight_block);
   FN(gemm_rows_columns)(b->in, NULL, b->rows, &job->up, j0, count, a->bias_up, FMLP_ACT_NONE,
-                        (FN(product_out)){.c = b->up, .ldc = h}, input_pack);
+                        (FN(product_out)){.c = b->up, .ldc = h}, input_pack, weight_block);
   for (int64_t i = 0; i < b->rows && count > 0; ++i) {
     FN(gate_product_row)(b->gate + i * h + j0, b->up + i * h + j0, count, a->activation,
                          b->product + i * h + j0);
@@ -538,13 +635,12 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   FN(advise_output)(a->saved_product, a->rows, a->hidden, a->hidden);
   FN(gated_job) job = {.args = a};
   fmlp_status status =
-      FN(pack_weight)(a->w_gate, a->hidden, a->dim, a->rows, threading, NULL, &job.gate);
+      FN(prepare_weight)(a->w_gate, a->hidden, a->dim, a->rows, threading, &job.gate);
   if (status == FMLP_OK) {
-    status = FN(pack_weight)(a->w_up, a->hidden, a->dim, a->rows, threading, NULL, &job.up);
+    status = FN(prepare_weight)(a->w_up, a->hidden, a->dim, a->rows, threading, &job.up);
   }
   if (status == FMLP_OK) {
-    status = FN(pack_weight)(a->w_down, a->out_dim, a->hidden, a->rows, threading, NULL,
-                             &job.down);
+    status = FN(prepare_weight)(a->w_down, a->out_dim, a->hidden, a->rows, threading, &job.down);
   }
   const int64_t weight_elems = a->hidden * (2 * a->dim + a->out_dim);
   if (status == FMLP_OK) {
@@ -552,9 +648,18 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
                              .run_block = FN(gated_block), .op = &job};
     FN(partition_rows)(&blocks, weight_elems, a->dim + 3 * a->hidden + a->out_dim, threading);
     job.block_rows = blocks.block_rows;
+    /* gate and up as one product of 2 weights or, without the gated
+     * kernel (or with one weight read in place), one weight at a time */
+    int64_t block_elems = FN(jit_block_elems)(&job.gate, a->rows, 2);
+    block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&job.gate, a->rows, 1));
+    block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&job.up, a->rows, 1));
+    block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&job.down, a->rows, 1));
     blocks.input_pack_elems =
-        FN(input_pack_elems)(blocks.block_rows, a->dim > a->hidden ? a->dim : a->hidden);
+        FN(task_pack_elems)(blocks.block_rows, a->dim > a->hidden ? a->dim : a->hidden,
+                            block_elems, &job.weight_block_at);
     status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+    /* split tasks pack into the split's scratch, not the row block's */
+    if (job.split.threading != NULL) blocks.input_pack_elems = 0;
     if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
     free(job.split.packs);
   }

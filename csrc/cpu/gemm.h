@@ -12,7 +12,10 @@
  *
  * Small row counts skip packing the weight (it would cost as much as the
  * product): units with FMLP_TRANSPOSED_KERNELS then compute the transposed
- * product, reading weight rows in place. */
+ * product, reading weight rows in place. Up to a few hundred rows (one row
+ * block, drivers.h) the weight is not packed ahead either: each NC x KC block
+ * of it is packed into a small per-thread buffer right before its tiles use
+ * it (weight_blocks). */
 #include <stdatomic.h>
 #include <string.h>
 
@@ -159,6 +162,69 @@ static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t r
   return FMLP_OK;
 }
 
+/* A product's weights (1, or gate and up) packed a block at a time into a
+ * small buffer of the calling thread (weight_block_elems), as the tiles are
+ * about to use them, rather than whole into a weight-sized buffer ahead of
+ * the product: with one row block, every weight block is used by one pass of
+ * the input's rows, so packing it in place of the ahead-of-time pack costs
+ * the same copy, without the weight-sized buffer's page faults and its trip
+ * through memory (drivers.h's GEMM_JIT_MAX_ROWS says when). for_each_tile
+ * packs columns [jc, jc + panels * NR) over K block [pc, pc + kc) into
+ * data, weight after weight. */
+typedef struct {
+  const FN(packed_weight) *w[2];
+  REAL *data;
+  int64_t jc, kc, panels;
+} FN(weight_blocks);
+
+/* Where weight `which`'s panel of column col (a panel's first) lies in the
+ * block packed just in time. */
+static inline REAL *FN(block_panel)(const FN(weight_blocks) *blocks, int64_t which,
+                                    int64_t col) {
+  return blocks->data +
+         (which * blocks->panels + (col - blocks->jc) / GEMM_NR) * FN(panel_rows)(blocks->kc) *
+             GEMM_NR;
+}
+
+/* Where the tiles of column col (a panel's first) and K block pc find weight
+ * `which`'s panel: in the whole packed weight, or (blocks not NULL) in the
+ * block packed just in time. */
+static inline const REAL *FN(weight_panel)(const FN(packed_weight) *w,
+                                           const FN(weight_blocks) *blocks, int64_t which,
+                                           int64_t col, int64_t pc) {
+  return blocks == NULL ? w->data + FN(weight_panel_at)(col, w->k, pc)
+                        : FN(block_panel)(blocks, which, col);
+}
+
+/* Packs the block of blocks->w's columns [jc, jc + nc) over K [pc, pc + kc). */
+static void FN(pack_weight_block)(FN(weight_blocks) *blocks, int64_t n_weights, int64_t jc,
+                                  int64_t nc, int64_t pc, int64_t kc) {
+  blocks->jc = jc;
+  blocks->kc = kc;
+  blocks->panels = (nc + GEMM_NR - 1) / GEMM_NR;
+  for (int64_t which = 0; which < n_weights; ++which) {
+    const FN(packed_weight) *w = blocks->w[which];
+    const STORE *src = w->source.data;
+    const int64_t rs = w->source.row_stride, cs = w->source.col_stride;
+    for (int64_t j = jc; j < jc + nc; j += GEMM_NR) {
+      const int64_t count = w->n - j < GEMM_NR ? w->n - j : GEMM_NR;
+      FMLP_PACK_WEIGHT_PANEL(src + j * rs + pc * cs, rs, cs, count, GEMM_NR, kc,
+                             FN(block_panel)(blocks, which, j));
+    }
+  }
+}
+
+/* w's columns [j0, j0 + count): j0 a whole panel's first where w is packed. */
+static FN(packed_weight) FN(weight_columns)(const FN(packed_weight) *w, int64_t j0,
+                                            int64_t count) {
+  const int64_t rs = w->source.row_stride;
+  return (FN(packed_weight)){
+      w->data != NULL ? w->data + FN(weight_panel_at)(j0, w->k, 0) : NULL,
+      {(const STORE *)w->source.data + j0 * rs, rs, w->source.col_stride},
+      count,
+      w->k};
+}
+
 /* Units whose micro-kernels can read whole MR-row panels of the input where
  * they lie (tile_epilogue's a_row_stride) define FMLP_INPUT_IN_PLACE(x, kc):
  * whether they do for input x in K blocks of kc. Those panels are then not
@@ -269,22 +335,52 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
   return unpacked > packed ? unpacked : packed;
 }
 
-/* The Goto/BLIS loops over a packed weight of n columns and K = k: for each
+/* Elements of the weight block for a product over K = k of `weights`
+ * weights (choose_blocks' nc x kc of each); -1 on overflow. */
+static int64_t FN(weight_block_elems)(int64_t k, int64_t weights) {
+  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  int64_t count;
+  if (!fmlp_checked_mul(b.nc, FN(panel_rows)(b.kc), &count) ||
+      !fmlp_checked_mul(count, weights, &count)) {
+    return -1;
+  }
+  return count;
+}
+
+/* Elements of input pack for products over up to `rows` rows and K up to
+ * max_k whose weights are packed just in time: all the rows make one input
+ * block (for_each_tile), so that each weight block is packed once; -1 on
+ * overflow. */
+static int64_t FN(whole_input_pack_elems)(int64_t rows, int64_t max_k) {
+  const int64_t most_k = GEMM_GATED_ONE_BLOCK_K > GEMM_KC ? GEMM_GATED_ONE_BLOCK_K : GEMM_KC;
+  int64_t count;
+  if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR,
+                        FN(panel_rows)(max_k < most_k ? max_k : most_k), &count)) {
+    return -1;
+  }
+  return count;
+}
+
+/* The Goto/BLIS loops over a weight of n columns and K = k: for each
  * MC x KC input block (packed here into input_pack) and NC x KC block of the
  * weights, every MR x NR tile goes to tile_fn with its input panel (packed,
  * a_row_stride 0; or, read in place, x's first row of the panel at the K
  * block, unit column stride, a_row_stride x's row stride), its first row and
  * column, and its K block; the tiles of an input panel run one after another
- * (see choose_blocks). */
+ * (see choose_blocks). The weights are packed ahead (blocks NULL) or, a
+ * block at a time, into blocks->data (weight_block_elems(k, weights)) right
+ * before the block's tiles, the rows then one input block (input_pack:
+ * whole_input_pack_elems(rows, k)). */
 typedef void (*FN(tile_fn))(const void *context, const REAL *a_panel, int64_t a_row_stride,
                             int64_t row, int64_t col, int64_t pc, int64_t kc, int64_t rows,
                             int64_t cols);
 
 static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
                               int64_t weights, REAL *input_pack, FN(tile_fn) tile_fn,
-                              const void *context) {
+                              const void *context, FN(weight_blocks) *blocks) {
   const STORE *x_data = x.data;
-  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  FN(blocks) b = FN(choose_blocks)(k, weights);
+  if (blocks != NULL) b.mc = rows;
   const int in_place = FN(input_in_place)(x, b.kc);
 #ifdef FMLP_MICROKERNEL_BEGIN
   FMLP_MICROKERNEL_BEGIN(); /* state the micro-kernels share (AMX: the tile configuration) */
@@ -297,6 +393,7 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
       FN(pack_input_block)(block, mc, pc, kc, in_place, input_pack);
       for (int64_t jc = 0; jc < n; jc += b.nc) {
         const int64_t nc = n - jc < b.nc ? n - jc : b.nc;
+        if (blocks != NULL) FN(pack_weight_block)(blocks, weights, jc, nc, pc, kc);
         for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
           const int64_t tile_rows = mc - ir < GEMM_MR ? mc - ir : GEMM_MR;
           const int64_t a_row_stride = in_place && tile_rows == GEMM_MR ? x.row_stride : 0;
@@ -319,6 +416,7 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
 
 typedef struct {
   const FN(packed_weight) *w;
+  const FN(weight_blocks) *blocks; /* NULL: w packed ahead */
   const STORE *bias;
   fmlp_activation activation;
   STORE *c, *pre;
@@ -339,31 +437,52 @@ static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t a_
       .last_k_block = pc + kc >= k,
       .a_row_stride = a_row_stride,
   };
-  const REAL *b_panel = t->w->data + FN(weight_panel_at)(col, k, pc);
+  const REAL *b_panel = FN(weight_panel)(t->w, t->blocks, 0, col, pc);
   FMLP_MICROKERNEL(kc, a_panel, b_panel, t->c + row * t->ldc + col, t->ldc, rows, cols, &ep);
 }
 
+/* Whether w, not packed ahead, is read in place by `rows` rows (else it is
+ * packed a block at a time). */
+static int FN(reads_weight_in_place)(const FN(packed_weight) *w, int64_t rows) {
+  return w->data == NULL && FN(weight_stays_unpacked)(w->source, rows);
+}
+
 /* c[rows, n] = act(x[rows, k] @ W.T + bias); pre (optional) gets the
- * pre-activation. Single-threaded; callers split rows across threads.
- * input_pack holds input_pack_elems(rows, k) elements. */
-static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
-                          const STORE *bias, fmlp_activation activation, STORE *c, int64_t ldc,
-                          STORE *pre, int64_t pre_stride, REAL *input_pack) {
+ * pre-activation. Single-threaded; callers split rows or columns across
+ * threads. w is packed ahead, read in place (reads_weight_in_place), or
+ * else packed a block at a time into weight_block (weight_block_elems(k, 1)
+ * elements; unused for the other two); input_pack holds
+ * input_pack_elems(rows, k) elements, or whole_input_pack_elems(rows, k)
+ * for a weight packed a block at a time. */
+static void FN(gemm_rows_packing)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
+                                  const STORE *bias, fmlp_activation activation, STORE *c,
+                                  int64_t ldc, STORE *pre, int64_t pre_stride, REAL *input_pack,
+                                  REAL *weight_block) {
   const int64_t n = w->n, k = w->k;
   if (n == 0 || rows == 0) return; /* an empty weight is never packed: nothing to read */
   if (k == 0) {
     FN(fill_empty_product)(rows, n, bias, activation, c, ldc, pre, pre_stride);
     return;
   }
-  if (w->data == NULL) {
+  if (FN(reads_weight_in_place)(w, rows)) {
 #if FMLP_TRANSPOSED_KERNELS
     const FN(product_out) out = {.c = c, .pre = pre, .ldc = ldc, .pre_stride = pre_stride};
     FN(transposed_rows)(x, NULL, rows, w, bias, activation, out, input_pack);
 #endif
     return;
   }
-  const FN(linear_tiles) tiles = {w, bias, activation, c, pre, ldc, pre_stride};
-  FN(for_each_tile)(x, rows, n, k, 1, input_pack, FN(linear_tile), &tiles);
+  FN(weight_blocks) blocks = {.w = {w, NULL}, .data = weight_block};
+  FN(weight_blocks) *jit = w->data == NULL ? &blocks : NULL;
+  const FN(linear_tiles) tiles = {w, jit, bias, activation, c, pre, ldc, pre_stride};
+  FN(for_each_tile)(x, rows, n, k, 1, input_pack, FN(linear_tile), &tiles, jit);
+}
+
+/* gemm_rows_packing of a weight packed ahead or read in place (the
+ * backward's products). */
+static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
+                          const STORE *bias, fmlp_activation activation, STORE *c, int64_t ldc,
+                          STORE *pre, int64_t pre_stride, REAL *input_pack) {
+  FN(gemm_rows_packing)(x, rows, w, bias, activation, c, ldc, pre, pre_stride, input_pack, NULL);
 }
 
 #if FMLP_GATED_KERNEL
@@ -371,6 +490,7 @@ static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w
 
 typedef struct {
   const FN(packed_weight) *gate_w, *up_w;
+  const FN(weight_blocks) *blocks; /* NULL: both packed ahead */
   const STORE *bias_gate, *bias_up;
   fmlp_activation activation;
   STORE *gate, *up, *product;
@@ -385,7 +505,8 @@ static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t a_r
                            int64_t cols) {
   const FN(gated_tiles) *t = context;
   const int64_t k = t->gate_w->k;
-  const int64_t panel_at = FN(weight_panel_at)(col, k, pc);
+  const REAL *gate_panel = FN(weight_panel)(t->gate_w, t->blocks, 0, col, pc);
+  const REAL *up_panel = FN(weight_panel)(t->up_w, t->blocks, 1, col, pc);
   for (int64_t i0 = 0; i0 < rows; i0 += GATED_MR) {
     const int64_t part_rows = rows - i0 < GATED_MR ? rows - i0 : GATED_MR;
     for (int64_t j0 = 0; j0 < cols; j0 += GATED_NR) {
@@ -404,23 +525,35 @@ static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t a_r
           .save_gate_up = t->save_gate_up,
           .a_row_stride = a_row_stride,
       };
-      FMLP_MICROKERNEL_GATED(kc, a_panel + i0, t->gate_w->data + panel_at + j0,
-                             t->up_w->data + panel_at + j0, part_rows,
+      FMLP_MICROKERNEL_GATED(kc, a_panel + i0, gate_panel + j0, up_panel + j0, part_rows,
                              cols - j0 < GATED_NR ? cols - j0 : GATED_NR, &ep);
     }
   }
 }
 
-/* product[rows, h] = act(x @ Wg.T + bg) * (x @ Wu.T + bu) with both weights
- * packed, in one pass over x; gate and up (rows x h, same stride) receive the
- * pre-activations when save_gate_up, and serve as scratch between K blocks. */
+/* product[rows, h] = act(x @ Wg.T + bg) * (x @ Wu.T + bu) in one pass over
+ * x, both weights packed ahead or else both packed a block at a time into
+ * weight_block (weight_block_elems(k, 2); see gemm_rows_packing); gate and
+ * up (rows x h, same stride) receive the pre-activations when save_gate_up,
+ * and serve as scratch between K blocks. */
 static void FN(gemm_gated_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *gate_w,
                                 const FN(packed_weight) *up_w, const STORE *bias_gate,
                                 const STORE *bias_up, fmlp_activation activation, STORE *gate,
                                 STORE *up, STORE *product, int64_t stride, int save_gate_up,
-                                REAL *input_pack) {
-  const FN(gated_tiles) tiles = {gate_w, up_w, bias_gate, bias_up, activation,
-                                 gate,   up,   product,   stride,  save_gate_up};
-  FN(for_each_tile)(x, rows, gate_w->n, gate_w->k, 2, input_pack, FN(gated_tile), &tiles);
+                                REAL *input_pack, REAL *weight_block) {
+  FN(weight_blocks) blocks = {.w = {gate_w, up_w}, .data = weight_block};
+  FN(weight_blocks) *jit = gate_w->data == NULL ? &blocks : NULL;
+  const FN(gated_tiles) tiles = {.gate_w = gate_w,
+                                 .up_w = up_w,
+                                 .blocks = jit,
+                                 .bias_gate = bias_gate,
+                                 .bias_up = bias_up,
+                                 .activation = activation,
+                                 .gate = gate,
+                                 .up = up,
+                                 .product = product,
+                                 .stride = stride,
+                                 .save_gate_up = save_gate_up};
+  FN(for_each_tile)(x, rows, gate_w->n, gate_w->k, 2, input_pack, FN(gated_tile), &tiles, jit);
 }
 #endif
