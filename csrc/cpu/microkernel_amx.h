@@ -305,6 +305,16 @@ typedef struct {
 
 static _Thread_local FN(pending_tile) FN(pending);
 
+/* This thread's pending tile. In a shared library the address of a
+ * thread-local costs a call (__tls_get_addr), which GCC repeated 5 times a
+ * micro-kernel call rather than keep it: hidden from it here, the address is
+ * computed once. */
+static FN(pending_tile) *FN(pending_here)(void) {
+  FN(pending_tile) *p = &FN(pending);
+  __asm__("" : "+r"(p));
+  return p;
+}
+
 /* Rows one call of finish_rows takes: EPILOGUE_VECTORS vectors. */
 enum { GROUP_ROWS = EPILOGUE_VECTORS / GEMM_NV };
 
@@ -364,7 +374,7 @@ static void FN(finish_pending)(FN(pending_tile) *p, int64_t i0) {
 
 /* FMLP_MICROKERNEL_END: the last tile's epilogue, then the tiles released. */
 static void FN(finish_tiles)(void) {
-  FN(finish_pending)(&FN(pending), 0);
+  FN(finish_pending)(FN(pending_here)(), 0);
   _tile_release();
 }
 
@@ -433,7 +443,7 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
   const uint32_t *b_slots = (const uint32_t *)b;
   const uint32_t *const halves[2] = {b_slots, b_slots + AMX_ROWS};
   const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
-  FN(pending_tile) *p = &FN(pending);
+  FN(pending_tile) *p = FN(pending_here)();
   FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), halves, p);
   _tile_stored(TILE_C00, &p->t[0][0], t_stride);
   _tile_stored(TILE_C01, &p->t[0][AMX_ROWS], t_stride);
@@ -457,7 +467,7 @@ static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
   _Alignas(64) REAL gate[GATED_MR][GATED_NR], up[GATED_MR][GATED_NR];
   const uint32_t *const weights[2] = {(const uint32_t *)b_gate, (const uint32_t *)b_up};
   const int64_t t_stride = GATED_NR * (int64_t)sizeof(REAL);
-  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), weights, &FN(pending));
+  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), weights, FN(pending_here)());
   _tile_stored(TILE_C00, &gate[0][0], t_stride);
   _tile_stored(TILE_C01, &up[0][0], t_stride);
   _tile_stored(TILE_C10, &gate[AMX_ROWS][0], t_stride);
