@@ -24,8 +24,10 @@
  * against 8.1 with GELU(tanh)), and gate and up 768 -> 3072 took 20.4 ms
  * against 14.1 (12 MiB of partial sums; mc and nc of that variant counted
  * in packed bytes). What limits these products is the epilogue (GELU's erf
- * over a 32 x 32 tile costs about what 1024 values of K of tile products
- * do) and the weights streamed from L3 once per input block (choose_blocks).
+ * over a 32 x 32 tile cost about what 1024 values of K of tile products
+ * do; the linear tile's now runs between the next tile's products: see
+ * pending_tile) and the weights streamed from L3 once per input block
+ * (choose_blocks).
  *
  * The packed path's tile is 32 x 32 (2 x 2 C tiles, 2 A and 2 B: all 8 tile
  * registers); the few-row paths and everything else are microkernel_simd.h's
@@ -41,7 +43,7 @@
 #define FMLP_MICROKERNEL FN(microkernel_amx)
 #define FMLP_MICROKERNEL_GATED FN(microkernel_gated_amx)
 #define FMLP_MICROKERNEL_BEGIN FN(configure_tiles)
-#define FMLP_MICROKERNEL_END _tile_release
+#define FMLP_MICROKERNEL_END FN(finish_tiles)
 #define FMLP_OWN_FEW_ROWS 1 /* few_rows_amx.h, at the end */
 #include "microkernel_simd.h"
 
@@ -236,51 +238,6 @@ static void FN(copy_tail)(FN(amx_input) a, int64_t tail, const uint32_t *const b
   }
 }
 
-/* The four C tiles over all of kc: A tiles from a (see amx_input), B tiles
- * b[0], b[1] (K-pair slots, rows NR slots apart); TILE_C00/TILE_C01 take
- * rows 0-15 times b[0]/b[1], TILE_C10/TILE_C11 rows 16-31. Inlined: called,
- * a passed through the stack and read back as one 32-byte load from two
- * 8-byte stores, a store-forwarding stall on a quarter of the micro-kernel's
- * samples (65536 x (64 -> 128 -> 128 -> 64) ReLU 14.8-14.9 ms against
- * 16.0: C harness, one thread's CPU time, medians of 21 alternating runs,
- * loaded machine). */
-static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
-                                                  const uint32_t *const b[2]) {
-  const int64_t whole = kc / AMX_K, b_stride = GEMM_NR * (int64_t)sizeof(uint32_t);
-  const int64_t a_stride = a.row * (int64_t)sizeof(STORE);
-  TILE_READS_MEMORY(); /* the packs, which the caller may have just written */
-  _tile_zero(TILE_C00);
-  _tile_zero(TILE_C01);
-  _tile_zero(TILE_C10);
-  _tile_zero(TILE_C11);
-  for (int64_t q = 0; q < whole; ++q) {
-    const STORE *a_q = a.first + q * a.block;
-    _tile_loadd(TILE_A0, a_q, a_stride);
-    _tile_loadd(TILE_A1, a_q + AMX_ROWS * a.row, a_stride);
-    _tile_loadd(TILE_B0, b[0] + q * AMX_ROWS * GEMM_NR, b_stride);
-    _tile_loadd(TILE_B1, b[1] + q * AMX_ROWS * GEMM_NR, b_stride);
-    _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
-    _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
-    _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
-    _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
-  }
-  const int64_t tail = kc - whole * AMX_K;
-  if (tail == 0) return;
-  const uint32_t *b_tail[2] = {b[0] + whole * AMX_ROWS * GEMM_NR,
-                               b[1] + whole * AMX_ROWS * GEMM_NR};
-  FN(amx_tail) padded;
-  FN(copy_tail)(a, tail, b_tail, (tail + 1) / 2, &padded);
-  TILE_READS_MEMORY();
-  _tile_loadd(TILE_A0, padded.a[0], AMX_BYTES);
-  _tile_loadd(TILE_A1, padded.a[AMX_ROWS], AMX_BYTES);
-  _tile_loadd(TILE_B0, padded.b[0], AMX_BYTES);
-  _tile_loadd(TILE_B1, padded.b[1], AMX_BYTES);
-  _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
-  _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
-  _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
-  _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
-}
-
 /* NaN (quiet or signalling) or subnormal: vfpclassps' classes 0, 7 and 5. */
 #define FPCLASS_NAN_OR_SUBNORMAL 0xA1
 
@@ -321,31 +278,62 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
   }
 }
 
-/* The input's MR rows a (a tile-ready panel, or in place: see amx_input)
- * times the K-pair weight panel b (NR columns) over all of K, into the
- * row-major tile c (rows x cols of it). */
-static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *restrict b,
-                                STORE *c, int64_t ldc, int64_t rows, int64_t cols,
-                                const FN(tile_epilogue) *ep) {
+/* A linear tile whose epilogue is still to run: microkernel_amx stores its
+ * float C tiles here and returns; the next call runs this epilogue a group of
+ * rows at a time between its own tile products, and FMLP_MICROKERNEL_END
+ * (finish_tiles) runs the last one, so the tile multiplier and the vector
+ * units work at the same time. Run after its own products, the epilogue
+ * added ~40% to a tile's time at K = 1024 with GELU(tanh); overlapped, a
+ * tile took 1.93-1.96 us against 2.14-2.16 (GELU: 2.09 against 2.27; a
+ * plain product 1.47 against 1.46: the unit's micro-kernel over 8 x 8 tiles
+ * of panels from L2 between BEGIN and END, one thread's CPU time, best 3 of
+ * 15-25 alternating runs, loaded machine; gemm_rows over 1024 rows, one
+ * thread, best 3 of 10-12: 1024 -> 4096 GELU(tanh) 9.7-9.9 ms against
+ * 10.5, 768 -> 3072 6.0 against 6.4, 3072 -> 768 without activation 5.3-5.5
+ * against 5.3-5.4). The gated tile keeps its
+ * epilogue in place: deferred alike, it ran 2% slower (3.83-3.85 us
+ * against 3.74-3.75 for gate and up 1024 -> 32 columns). One per thread:
+ * gemm.h's tile loop runs on one thread from FMLP_MICROKERNEL_BEGIN to END,
+ * and nothing else on it calls the micro-kernels in between. */
+typedef struct {
   _Alignas(64) REAL t[GEMM_MR][GEMM_NR];
-  const uint32_t *b_slots = (const uint32_t *)b;
-  const uint32_t *const halves[2] = {b_slots, b_slots + AMX_ROWS};
-  const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
-  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), halves);
-  _tile_stored(TILE_C00, &t[0][0], t_stride);
-  _tile_stored(TILE_C01, &t[0][AMX_ROWS], t_stride);
-  _tile_stored(TILE_C10, &t[AMX_ROWS][0], t_stride);
-  _tile_stored(TILE_C11, &t[AMX_ROWS][AMX_ROWS], t_stride);
+  int64_t rows, cols; /* rows 0: none pending */
+  STORE *c;
+  int64_t ldc;
+  FN(tile_epilogue) ep;
+} FN(pending_tile);
+
+static _Thread_local FN(pending_tile) FN(pending);
+
+/* This thread's pending tile. In a shared library the address of a
+ * thread-local costs a call (__tls_get_addr), which GCC repeated 5 times a
+ * micro-kernel call rather than keep it: hidden from it here, the address is
+ * computed once. */
+static FN(pending_tile) *FN(pending_here)(void) {
+  FN(pending_tile) *p = &FN(pending);
+  __asm__("" : "+r"(p));
+  return p;
+}
+
+/* Rows one call of finish_rows takes: EPILOGUE_VECTORS vectors. */
+enum { GROUP_ROWS = EPILOGUE_VECTORS / GEMM_NV };
+
+/* Rows [i0, i0 + GROUP_ROWS) of the pending tile: bias, pre-activation,
+ * activation and the rounding store. */
+static void FN(finish_rows)(const FN(pending_tile) *p, int64_t i0) {
+  const FN(tile_epilogue) *ep = &p->ep;
+  const int64_t here = p->rows - i0 < GROUP_ROWS ? p->rows - i0 : GROUP_ROWS;
+  STORE *c = p->c + i0 * p->ldc;
   /* a plain product (the backward's dW and dX: no bias, pre-activation or
    * activation) is only rounded and stored: through the grouped epilogue
    * below, its epilogue took 3.6-4.4 M samples of a bfloat16 GeGLU backward
    * at 256 tokens (K = 256 in three of its four products), this way 2.8-2.9
    * (perf, one thread, C harness, loaded machine) */
   if (ep->bias == NULL && ep->pre == NULL && ep->activation == FMLP_ACT_NONE) {
-    for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t i = 0; i < here; ++i) {
       vreal row[GEMM_NV];
-      for (int v = 0; v < GEMM_NV; ++v) row[v] = v_load(&t[i][v * FMLP_SIMD_WIDTH]);
-      FN(store_row_bf16)(c + i * ldc, row, GEMM_NV, cols);
+      for (int v = 0; v < GEMM_NV; ++v) row[v] = v_load(&p->t[i0 + i][v * FMLP_SIMD_WIDTH]);
+      FN(store_row_bf16)(c + i * p->ldc, row, GEMM_NV, p->cols);
     }
     return;
   }
@@ -354,32 +342,118 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
    * store, and the tile configuration set per call, 65536 x (64 -> 128 ->
    * 128 -> 64) ReLU took 25.5 ms against 17.3: C harness, one thread's CPU
    * time, medians, loaded machine) */
-  enum { GROUP_ROWS = EPILOGUE_VECTORS / GEMM_NV };
   vreal start[GEMM_NV];
-  FN(bias_vectors)(ep->bias, GEMM_NV, cols, start);
-  for (int64_t i0 = 0; i0 < rows; i0 += GROUP_ROWS) {
-    const int64_t here = rows - i0 < GROUP_ROWS ? rows - i0 : GROUP_ROWS;
-    vreal r[GROUP_ROWS][GEMM_NV];
-    for (int i = 0; i < GROUP_ROWS; ++i) {
-      for (int v = 0; v < GEMM_NV; ++v) {
-        r[i][v] = v_add(v_load(&t[i0 + i][v * FMLP_SIMD_WIDTH]), start[v]);
-      }
-    }
-    /* loops over the whole group, rows past `here` skipped inside: the
-     * vectors then stay in registers (a loop to `here` kept them on the
-     * stack: the micro-kernel alone at kc 64 with ReLU 41.5 ms against 49.7,
-     * 65536 x (64 -> 128 -> 128 -> 64) ReLU 7.7-12.9 against 8.5-14.7: C
-     * harness, medians of 21 alternating runs, loaded machine) */
-    for (int i = 0; i < GROUP_ROWS; ++i) {
-      if (i < here && ep->pre != NULL) {
-        FN(store_row_bf16)(ep->pre + (i0 + i) * ep->pre_stride, r[i], GEMM_NV, cols);
-      }
-    }
-    FN(activate_vectors)(&r[0][0], EPILOGUE_VECTORS, ep->activation);
-    for (int i = 0; i < GROUP_ROWS; ++i) {
-      if (i < here) FN(store_row_bf16)(c + (i0 + i) * ldc, r[i], GEMM_NV, cols);
+  FN(bias_vectors)(ep->bias, GEMM_NV, p->cols, start);
+  vreal r[GROUP_ROWS][GEMM_NV];
+  for (int i = 0; i < GROUP_ROWS; ++i) {
+    for (int v = 0; v < GEMM_NV; ++v) {
+      r[i][v] = v_add(v_load(&p->t[i0 + i][v * FMLP_SIMD_WIDTH]), start[v]);
     }
   }
+  /* loops over the whole group, rows past `here` skipped inside: the
+   * vectors then stay in registers (a loop to `here` kept them on the
+   * stack: the micro-kernel alone at kc 64 with ReLU 41.5 ms against 49.7,
+   * 65536 x (64 -> 128 -> 128 -> 64) ReLU 7.7-12.9 against 8.5-14.7: C
+   * harness, medians of 21 alternating runs, loaded machine) */
+  for (int i = 0; i < GROUP_ROWS; ++i) {
+    if (i < here && ep->pre != NULL) {
+      FN(store_row_bf16)(ep->pre + (i0 + i) * ep->pre_stride, r[i], GEMM_NV, p->cols);
+    }
+  }
+  FN(activate_vectors)(&r[0][0], EPILOGUE_VECTORS, ep->activation);
+  for (int i = 0; i < GROUP_ROWS; ++i) {
+    if (i < here) FN(store_row_bf16)(c + i * p->ldc, r[i], GEMM_NV, p->cols);
+  }
+}
+
+/* The pending tile's rows from i0 on; nothing is pending after. */
+static void FN(finish_pending)(FN(pending_tile) *p, int64_t i0) {
+  for (; i0 < p->rows; i0 += GROUP_ROWS) FN(finish_rows)(p, i0);
+  p->rows = 0;
+}
+
+/* FMLP_MICROKERNEL_END: the last tile's epilogue, then the tiles released. */
+static void FN(finish_tiles)(void) {
+  FN(finish_pending)(FN(pending_here)(), 0);
+  _tile_release();
+}
+
+/* The four C tiles over all of kc: A tiles from a (see amx_input), B tiles
+ * b[0], b[1] (K-pair slots, rows NR slots apart); TILE_C00/TILE_C01 take
+ * rows 0-15 times b[0]/b[1], TILE_C10/TILE_C11 rows 16-31. Inlined: called,
+ * a passed through the stack and read back as one 32-byte load from two
+ * 8-byte stores, a store-forwarding stall on a quarter of the micro-kernel's
+ * samples (65536 x (64 -> 128 -> 128 -> 64) ReLU 14.8-14.9 ms against
+ * 16.0: C harness, one thread's CPU time, medians of 21 alternating runs,
+ * loaded machine). The pending tile's epilogue runs a group of rows every
+ * `every` whole 32s of K, and is done by the time the C tiles are. */
+static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
+                                                  const uint32_t *const b[2],
+                                                  FN(pending_tile) *pending) {
+  const int64_t whole = kc / AMX_K, b_stride = GEMM_NR * (int64_t)sizeof(uint32_t);
+  const int64_t a_stride = a.row * (int64_t)sizeof(STORE);
+  /* the pending tile's row groups spread evenly over the whole 32s of K */
+  const int64_t groups = (pending->rows + GROUP_ROWS - 1) / GROUP_ROWS;
+  const int64_t every = groups > 0 && whole / groups > 1 ? whole / groups : 1;
+  int64_t next_row = 0;
+  TILE_READS_MEMORY(); /* the packs, which the caller may have just written */
+  _tile_zero(TILE_C00);
+  _tile_zero(TILE_C01);
+  _tile_zero(TILE_C10);
+  _tile_zero(TILE_C11);
+  for (int64_t q = 0; q < whole; ++q) {
+    const STORE *a_q = a.first + q * a.block;
+    _tile_loadd(TILE_A0, a_q, a_stride);
+    _tile_loadd(TILE_A1, a_q + AMX_ROWS * a.row, a_stride);
+    _tile_loadd(TILE_B0, b[0] + q * AMX_ROWS * GEMM_NR, b_stride);
+    _tile_loadd(TILE_B1, b[1] + q * AMX_ROWS * GEMM_NR, b_stride);
+    _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
+    _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
+    _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
+    _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+    if (next_row < pending->rows && q % every == 0) {
+      FN(finish_rows)(pending, next_row);
+      next_row += GROUP_ROWS;
+    }
+  }
+  FN(finish_pending)(pending, next_row);
+  const int64_t tail = kc - whole * AMX_K;
+  if (tail == 0) return;
+  const uint32_t *b_tail[2] = {b[0] + whole * AMX_ROWS * GEMM_NR,
+                               b[1] + whole * AMX_ROWS * GEMM_NR};
+  FN(amx_tail) padded;
+  FN(copy_tail)(a, tail, b_tail, (tail + 1) / 2, &padded);
+  TILE_READS_MEMORY();
+  _tile_loadd(TILE_A0, padded.a[0], AMX_BYTES);
+  _tile_loadd(TILE_A1, padded.a[AMX_ROWS], AMX_BYTES);
+  _tile_loadd(TILE_B0, padded.b[0], AMX_BYTES);
+  _tile_loadd(TILE_B1, padded.b[1], AMX_BYTES);
+  _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
+  _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
+  _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
+  _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
+}
+
+/* The input's MR rows a (a tile-ready panel, or in place: see amx_input)
+ * times the K-pair weight panel b (NR columns) over all of K, into the
+ * row-major tile c (rows x cols of it), its epilogue left pending. */
+static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *restrict b,
+                                STORE *c, int64_t ldc, int64_t rows, int64_t cols,
+                                const FN(tile_epilogue) *ep) {
+  const uint32_t *b_slots = (const uint32_t *)b;
+  const uint32_t *const halves[2] = {b_slots, b_slots + AMX_ROWS};
+  const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
+  FN(pending_tile) *p = FN(pending_here)();
+  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), halves, p);
+  _tile_stored(TILE_C00, &p->t[0][0], t_stride);
+  _tile_stored(TILE_C01, &p->t[0][AMX_ROWS], t_stride);
+  _tile_stored(TILE_C10, &p->t[AMX_ROWS][0], t_stride);
+  _tile_stored(TILE_C11, &p->t[AMX_ROWS][AMX_ROWS], t_stride);
+  p->rows = rows;
+  p->cols = cols;
+  p->c = c;
+  p->ldc = ldc;
+  p->ep = *ep;
 }
 
 /* Gate and up over the input's MR rows (as in microkernel_amx), GATED_NR
@@ -393,7 +467,7 @@ static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
   _Alignas(64) REAL gate[GATED_MR][GATED_NR], up[GATED_MR][GATED_NR];
   const uint32_t *const weights[2] = {(const uint32_t *)b_gate, (const uint32_t *)b_up};
   const int64_t t_stride = GATED_NR * (int64_t)sizeof(REAL);
-  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), weights);
+  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), weights, FN(pending_here)());
   _tile_stored(TILE_C00, &gate[0][0], t_stride);
   _tile_stored(TILE_C01, &up[0][0], t_stride);
   _tile_stored(TILE_C10, &gate[AMX_ROWS][0], t_stride);

@@ -52,6 +52,10 @@ static inline vreal v_pow2_int(vreal n) {
   const __m512i biased = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
   return _mm512_castsi512_ps(_mm512_slli_epi32(biased, 23));
 }
+/* p 2^n for integral n, in one rounding (vscalefps): past float's range it
+ * overflows to inf or underflows through the subnormals to 0. */
+#define FMLP_SIMD_HAS_SCALE_POW2 1
+static inline vreal v_scale_pow2(vreal p, vreal n) { return _mm512_scalef_ps(p, n); }
 /* where a > b (false for NaN): if_true, else otherwise. */
 static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal otherwise) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), otherwise, if_true);
