@@ -371,9 +371,9 @@ static int64_t FN(whole_input_pack_elems)(int64_t rows, int64_t max_k) {
  * block at a time, into blocks->data (weight_block_elems(k, weights)) right
  * before the block's tiles, the rows then one input block (input_pack:
  * whole_input_pack_elems(rows, k)). */
-typedef void (*FN(tile_fn))(const void *context, const REAL *a_panel, int64_t a_row_stride,
-                            int64_t row, int64_t col, int64_t pc, int64_t kc, int64_t rows,
-                            int64_t cols);
+typedef void (*FN(tile_fn))(const void *context, void *state, const REAL *a_panel,
+                            int64_t a_row_stride, int64_t row, int64_t col, int64_t pc,
+                            int64_t kc, int64_t rows, int64_t cols);
 
 static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
                               int64_t weights, REAL *input_pack, FN(tile_fn) tile_fn,
@@ -382,8 +382,17 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
   FN(blocks) b = FN(choose_blocks)(k, weights);
   if (blocks != NULL) b.mc = rows;
   const int in_place = FN(input_in_place)(x, b.kc);
+  /* what the unit's micro-kernels carry from tile to tile (AMX: a tile whose
+   * epilogue is still to run), set up by FMLP_MICROKERNEL_BEGIN and finished
+   * by FMLP_MICROKERNEL_END (AMX: the tile configuration too) */
+#ifdef FMLP_MICROKERNEL_STATE
+  FMLP_MICROKERNEL_STATE unit_state;
+  void *const state = &unit_state;
+#else
+  void *const state = NULL;
+#endif
 #ifdef FMLP_MICROKERNEL_BEGIN
-  FMLP_MICROKERNEL_BEGIN(); /* state the micro-kernels share (AMX: the tile configuration) */
+  FMLP_MICROKERNEL_BEGIN(state);
 #endif
   for (int64_t ic = 0; ic < rows; ic += b.mc) {
     const int64_t mc = rows - ic < b.mc ? rows - ic : b.mc;
@@ -402,15 +411,15 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
                   ? (const REAL *)(x_data + (ic + ir) * x.row_stride + pc)
                   : input_pack + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR;
           for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
-            tile_fn(context, a_panel, a_row_stride, ic + ir, jc + jr, pc, kc, tile_rows,
-                    nc - jr < GEMM_NR ? nc - jr : GEMM_NR);
+            tile_fn(context, state, a_panel, a_row_stride, ic + ir, jc + jr, pc, kc,
+                    tile_rows, nc - jr < GEMM_NR ? nc - jr : GEMM_NR);
           }
         }
       }
     }
   }
 #ifdef FMLP_MICROKERNEL_END
-  FMLP_MICROKERNEL_END();
+  FMLP_MICROKERNEL_END(state);
 #endif
 }
 
@@ -423,9 +432,9 @@ typedef struct {
   int64_t ldc, pre_stride;
 } FN(linear_tiles);
 
-static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t a_row_stride,
-                            int64_t row, int64_t col, int64_t pc, int64_t kc, int64_t rows,
-                            int64_t cols) {
+static void FN(linear_tile)(const void *context, void *state, const REAL *a_panel,
+                            int64_t a_row_stride, int64_t row, int64_t col, int64_t pc,
+                            int64_t kc, int64_t rows, int64_t cols) {
   const FN(linear_tiles) *t = context;
   const int64_t k = t->w->k;
   const FN(tile_epilogue) ep = {
@@ -436,6 +445,7 @@ static void FN(linear_tile)(const void *context, const REAL *a_panel, int64_t a_
       .first_k_block = pc == 0,
       .last_k_block = pc + kc >= k,
       .a_row_stride = a_row_stride,
+      .state = state,
   };
   const REAL *b_panel = FN(weight_panel)(t->w, t->blocks, 0, col, pc);
   FMLP_MICROKERNEL(kc, a_panel, b_panel, t->c + row * t->ldc + col, t->ldc, rows, cols, &ep);
@@ -500,9 +510,10 @@ typedef struct {
 
 /* The MR x NR tile as GATED_MR x GATED_NR parts (the parts wholly outside
  * rows x cols skipped). */
-static void FN(gated_tile)(const void *context, const REAL *a_panel, int64_t a_row_stride,
-                           int64_t row, int64_t col, int64_t pc, int64_t kc, int64_t rows,
-                           int64_t cols) {
+static void FN(gated_tile)(const void *context, void *state, const REAL *a_panel,
+                           int64_t a_row_stride, int64_t row, int64_t col, int64_t pc,
+                           int64_t kc, int64_t rows, int64_t cols) {
+  (void)state; /* the gated micro-kernels carry nothing from tile to tile */
   const FN(gated_tiles) *t = context;
   const int64_t k = t->gate_w->k;
   const REAL *gate_panel = FN(weight_panel)(t->gate_w, t->blocks, 0, col, pc);

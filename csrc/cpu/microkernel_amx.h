@@ -42,7 +42,8 @@
 #define FMLP_PACK_INPUT_PANEL FN(pack_tile_rows)
 #define FMLP_MICROKERNEL FN(microkernel_amx)
 #define FMLP_MICROKERNEL_GATED FN(microkernel_gated_amx)
-#define FMLP_MICROKERNEL_BEGIN FN(configure_tiles)
+#define FMLP_MICROKERNEL_STATE FN(pending_tile)
+#define FMLP_MICROKERNEL_BEGIN FN(begin_tiles)
 #define FMLP_MICROKERNEL_END FN(finish_tiles)
 #define FMLP_OWN_FEW_ROWS 1 /* few_rows_amx.h, at the end */
 #include "microkernel_simd.h"
@@ -292,9 +293,10 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
  * 10.5, 768 -> 3072 6.0 against 6.4, 3072 -> 768 without activation 5.3-5.5
  * against 5.3-5.4). The gated tile keeps its
  * epilogue in place: deferred alike, it ran 2% slower (3.83-3.85 us
- * against 3.74-3.75 for gate and up 1024 -> 32 columns). One per thread:
- * gemm.h's tile loop runs on one thread from FMLP_MICROKERNEL_BEGIN to END,
- * and nothing else on it calls the micro-kernels in between. */
+ * against 3.74-3.75 for gate and up 1024 -> 32 columns). gemm.h's tile
+ * loop keeps one on its stack (FMLP_MICROKERNEL_STATE) from
+ * FMLP_MICROKERNEL_BEGIN to END and hands it to every tile (the epilogue's
+ * `state`). */
 typedef struct {
   _Alignas(64) REAL t[GEMM_MR][GEMM_NR];
   int64_t rows, cols; /* rows 0: none pending */
@@ -302,18 +304,6 @@ typedef struct {
   int64_t ldc;
   FN(tile_epilogue) ep;
 } FN(pending_tile);
-
-static _Thread_local FN(pending_tile) FN(pending);
-
-/* This thread's pending tile. In a shared library the address of a
- * thread-local costs a call (__tls_get_addr), which GCC repeated 5 times a
- * micro-kernel call rather than keep it: hidden from it here, the address is
- * computed once. */
-static FN(pending_tile) *FN(pending_here)(void) {
-  FN(pending_tile) *p = &FN(pending);
-  __asm__("" : "+r"(p));
-  return p;
-}
 
 /* Rows one call of finish_rows takes: EPILOGUE_VECTORS vectors. */
 enum { GROUP_ROWS = EPILOGUE_VECTORS / GEMM_NV };
@@ -372,9 +362,15 @@ static void FN(finish_pending)(FN(pending_tile) *p, int64_t i0) {
   p->rows = 0;
 }
 
+/* FMLP_MICROKERNEL_BEGIN: no tile pending yet, and the tile configuration. */
+static void FN(begin_tiles)(void *state) {
+  ((FN(pending_tile) *)state)->rows = 0;
+  FN(configure_tiles)();
+}
+
 /* FMLP_MICROKERNEL_END: the last tile's epilogue, then the tiles released. */
-static void FN(finish_tiles)(void) {
-  FN(finish_pending)(FN(pending_here)(), 0);
+static void FN(finish_tiles)(void *state) {
+  FN(finish_pending)(state, 0);
   _tile_release();
 }
 
@@ -385,15 +381,17 @@ static void FN(finish_tiles)(void) {
  * 8-byte stores, a store-forwarding stall on a quarter of the micro-kernel's
  * samples (65536 x (64 -> 128 -> 128 -> 64) ReLU 14.8-14.9 ms against
  * 16.0: C harness, one thread's CPU time, medians of 21 alternating runs,
- * loaded machine). The pending tile's epilogue runs a group of rows every
- * `every` whole 32s of K, and is done by the time the C tiles are. */
+ * loaded machine). The pending tile's epilogue (pending NULL: none, the
+ * gated tile) runs a group of rows every `every` whole 32s of K, and is done
+ * by the time the C tiles are. */
 static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
                                                   const uint32_t *const b[2],
                                                   FN(pending_tile) *pending) {
   const int64_t whole = kc / AMX_K, b_stride = GEMM_NR * (int64_t)sizeof(uint32_t);
   const int64_t a_stride = a.row * (int64_t)sizeof(STORE);
   /* the pending tile's row groups spread evenly over the whole 32s of K */
-  const int64_t groups = (pending->rows + GROUP_ROWS - 1) / GROUP_ROWS;
+  const int64_t pending_rows = pending != NULL ? pending->rows : 0;
+  const int64_t groups = (pending_rows + GROUP_ROWS - 1) / GROUP_ROWS;
   const int64_t every = groups > 0 && whole / groups > 1 ? whole / groups : 1;
   int64_t next_row = 0;
   TILE_READS_MEMORY(); /* the packs, which the caller may have just written */
@@ -411,12 +409,12 @@ static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
     _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
     _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
     _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
-    if (next_row < pending->rows && q % every == 0) {
+    if (next_row < pending_rows && q % every == 0) {
       FN(finish_rows)(pending, next_row);
       next_row += GROUP_ROWS;
     }
   }
-  FN(finish_pending)(pending, next_row);
+  if (pending != NULL) FN(finish_pending)(pending, next_row);
   const int64_t tail = kc - whole * AMX_K;
   if (tail == 0) return;
   const uint32_t *b_tail[2] = {b[0] + whole * AMX_ROWS * GEMM_NR,
@@ -443,7 +441,7 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
   const uint32_t *b_slots = (const uint32_t *)b;
   const uint32_t *const halves[2] = {b_slots, b_slots + AMX_ROWS};
   const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
-  FN(pending_tile) *p = FN(pending_here)();
+  FN(pending_tile) *p = ep->state;
   FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), halves, p);
   _tile_stored(TILE_C00, &p->t[0][0], t_stride);
   _tile_stored(TILE_C01, &p->t[0][AMX_ROWS], t_stride);
@@ -467,7 +465,7 @@ static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
   _Alignas(64) REAL gate[GATED_MR][GATED_NR], up[GATED_MR][GATED_NR];
   const uint32_t *const weights[2] = {(const uint32_t *)b_gate, (const uint32_t *)b_up};
   const int64_t t_stride = GATED_NR * (int64_t)sizeof(REAL);
-  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), weights, FN(pending_here)());
+  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), weights, NULL);
   _tile_stored(TILE_C00, &gate[0][0], t_stride);
   _tile_stored(TILE_C01, &up[0][0], t_stride);
   _tile_stored(TILE_C10, &gate[AMX_ROWS][0], t_stride);

@@ -40,6 +40,7 @@ typedef struct {
   int64_t a_row_stride; /* 0: the input panel is packed; else the input's rows
                            read in place, this many STOREs apart (gemm.h's
                            FMLP_INPUT_IN_PLACE) */
+  void *state; /* the tile loop's FMLP_MICROKERNEL_STATE (gemm.h), or NULL */
 } FN(tile_epilogue);
 
 /* dst[kk * width + i] = src[i * rs + kk * cs] for i < count and kk < k, zero
