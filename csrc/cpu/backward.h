@@ -248,6 +248,16 @@ static void FN(run_rows_stages)(const FN(column_split) *split, int64_t n_stages,
  * storage narrower than REAL would round them, so there K is one block. */
 #define SMALL_PRODUCT_KC (STORE_IS_REAL ? (int64_t)256 : ((int64_t)1 << 40))
 
+/* Asks for the cache lines of `cols` STOREs of a row of b. b's rows lie a
+ * row stride apart (a weight's rows for dX), each tile reading 256 bytes of
+ * each: the hardware prefetchers leave the FMAs waiting for them. A prefetch
+ * past b's end is a hint, never a read that can fault. */
+static FMLP_ALWAYS_INLINE void FN(prefetch_store_row)(const STORE *row, int64_t cols) {
+  for (int64_t at = 0; at < cols * (int64_t)sizeof(STORE); at += 64) {
+    __builtin_prefetch((const char *)row + at, 0, 3);
+  }
+}
+
 /* One row tile of c (tile_rows of SMALL_PRODUCT_MR rows, the rest computed
  * from row 0 and never stored) by up to SMALL_PRODUCT_NV vectors (cols), over
  * kc values of K: c = a @ b, or c += a @ b when accumulate. Whole vectors
@@ -270,6 +280,7 @@ static FMLP_ALWAYS_INLINE void FN(small_product_tile)(int64_t tile_rows, int64_t
     }
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
+    FN(prefetch_store_row)(b + (kk + PREFETCH_K_STEPS) * ldb, cols);
     vreal bv[SMALL_PRODUCT_NV];
     for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
       const int64_t left = cols - v * FMLP_SIMD_WIDTH;
