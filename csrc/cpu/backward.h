@@ -241,85 +241,118 @@ static void FN(run_rows_stages)(const FN(column_split) *split, int64_t n_stages,
 #define SMALL_PRODUCT_MR 4
 #define SMALL_PRODUCT_NV (FMLP_SIMD_REGISTERS >= 32 ? 4 : 2)
 
-/* K blocks of SMALL_PRODUCT_KC keep a block of b's tile columns in cache while
- * every row tile passes over it: a 16-row dX over a 3072 x 768 weight would
- * otherwise stream the weight from memory once per row tile. A later block
- * starts from the stored partial sums, so each element still sums over K in
- * order; storage narrower than REAL would round them, so there K is one block. */
+/* K blocks of SMALL_PRODUCT_KC keep b's block in the L2 while every row tile
+ * passes over it: a 16-row dX over a 3072 x 768 weight would otherwise
+ * stream the weight from memory once per row tile. A later block starts from
+ * the stored partial sums, so each element still sums over K in order;
+ * storage narrower than REAL would round them, so there K is one block. */
 #define SMALL_PRODUCT_KC (STORE_IS_REAL ? (int64_t)256 : ((int64_t)1 << 40))
 
-/* Up to SMALL_PRODUCT_NV vectors (cols) of c's m rows, over kc values of K:
- * c = a @ b, or c += a @ b when accumulate. */
-static void FN(small_product_tiles)(int64_t m, int64_t kc, const STORE *a, int64_t a_rs,
-                                    int64_t a_cs, const STORE *b, int64_t ldb, STORE *c,
-                                    int64_t ldc, int64_t cols, int accumulate) {
-  const int64_t tile_cols = SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH;
-  for (int64_t i = 0; i < m; i += SMALL_PRODUCT_MR) {
-    const int64_t tile_rows = m - i < SMALL_PRODUCT_MR ? m - i : SMALL_PRODUCT_MR;
-    /* rows past m re-read row i: in bounds, never stored */
-    const STORE *a_rows[SMALL_PRODUCT_MR];
+/* Asks for the cache lines of `cols` STOREs of a row of b. b's rows lie a
+ * row stride apart (a weight's rows for dX), each tile reading 256 bytes of
+ * each: the hardware prefetchers leave the FMAs waiting for them. A prefetch
+ * past b's end is a hint, never a read that can fault. */
+static FMLP_ALWAYS_INLINE void FN(prefetch_store_row)(const STORE *row, int64_t cols) {
+  for (int64_t at = 0; at < cols * (int64_t)sizeof(STORE); at += 64) {
+    __builtin_prefetch((const char *)row + at, 0, 3);
+  }
+}
+
+/* One row tile of c (tile_rows of SMALL_PRODUCT_MR rows, the rest computed
+ * from row 0 and never stored) by up to SMALL_PRODUCT_NV vectors (cols), over
+ * kc values of K: c = a @ b, or c += a @ b when accumulate. Whole vectors
+ * load and store plainly, only the output's edge masked. */
+static FMLP_ALWAYS_INLINE void FN(small_product_tile)(int64_t tile_rows, int64_t kc,
+                                                      const STORE *a, int64_t a_rs,
+                                                      int64_t a_cs, const STORE *b, int64_t ldb,
+                                                      STORE *c, int64_t ldc, int64_t cols,
+                                                      int accumulate) {
+  const STORE *a_rows[SMALL_PRODUCT_MR];
+  vreal acc[SMALL_PRODUCT_MR][SMALL_PRODUCT_NV];
+  for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
+    a_rows[r] = a + (r < tile_rows ? r : 0) * a_rs;
+    const STORE *c_row = c + (r < tile_rows ? r : 0) * ldc;
+    for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
+      const int64_t left = cols - v * FMLP_SIMD_WIDTH;
+      acc[r][v] = !accumulate || left <= 0         ? v_zero()
+                  : left >= FMLP_SIMD_WIDTH ? vs_load(c_row + v * FMLP_SIMD_WIDTH)
+                                            : vs_load_first(c_row + v * FMLP_SIMD_WIDTH, left);
+    }
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    FN(prefetch_store_row)(b + (kk + PREFETCH_K_STEPS) * ldb, cols);
+    vreal bv[SMALL_PRODUCT_NV];
+    for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
+      const int64_t left = cols - v * FMLP_SIMD_WIDTH;
+      bv[v] = left >= FMLP_SIMD_WIDTH ? vs_load(b + kk * ldb + v * FMLP_SIMD_WIDTH)
+              : left > 0              ? vs_load_first(b + kk * ldb + v * FMLP_SIMD_WIDTH, left)
+                                      : v_zero();
+    }
     for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
-      a_rows[r] = a + (i + (r < tile_rows ? r : 0)) * a_rs;
+      const vreal av = v_set1(to_real(a_rows[r][kk * a_cs]));
+      for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) acc[r][v] = v_fma(av, bv[v], acc[r][v]);
     }
-    vreal acc[SMALL_PRODUCT_MR][SMALL_PRODUCT_NV];
-    for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
-      const STORE *c_row = c + (i + (r < tile_rows ? r : 0)) * ldc;
-      for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
-        const int64_t left = cols - v * FMLP_SIMD_WIDTH;
-        acc[r][v] = accumulate && left > 0 ? vs_load_first(c_row + v * FMLP_SIMD_WIDTH, left)
-                                           : v_zero();
-      }
-    }
-    if (cols == tile_cols) {
-      for (int64_t kk = 0; kk < kc; ++kk) {
-        vreal bv[SMALL_PRODUCT_NV];
-        for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
-          bv[v] = vs_load(b + kk * ldb + v * FMLP_SIMD_WIDTH);
-        }
-        for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
-          const vreal av = v_set1(to_real(a_rows[r][kk * a_cs]));
-          for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) acc[r][v] = v_fma(av, bv[v], acc[r][v]);
-        }
-      }
-    } else {
-      for (int64_t kk = 0; kk < kc; ++kk) {
-        vreal bv[SMALL_PRODUCT_NV];
-        for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
-          const int64_t left = cols - v * FMLP_SIMD_WIDTH;
-          bv[v] = left > 0 ? vs_load_first(b + kk * ldb + v * FMLP_SIMD_WIDTH, left) : v_zero();
-        }
-        for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
-          const vreal av = v_set1(to_real(a_rows[r][kk * a_cs]));
-          for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) acc[r][v] = v_fma(av, bv[v], acc[r][v]);
-        }
-      }
-    }
-    for (int64_t r = 0; r < tile_rows; ++r) {
-      STORE *c_row = c + (i + r) * ldc;
-      for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
-        const int64_t left = cols - v * FMLP_SIMD_WIDTH;
-        if (left >= FMLP_SIMD_WIDTH) {
-          vs_store(c_row + v * FMLP_SIMD_WIDTH, acc[r][v]);
-        } else if (left > 0) {
-          vs_store_first(c_row + v * FMLP_SIMD_WIDTH, acc[r][v], left);
-        }
+  }
+  for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
+    if (r >= tile_rows) break;
+    STORE *c_row = c + r * ldc;
+    for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
+      const int64_t left = cols - v * FMLP_SIMD_WIDTH;
+      if (left >= FMLP_SIMD_WIDTH) {
+        vs_store(c_row + v * FMLP_SIMD_WIDTH, acc[r][v]);
+      } else if (left > 0) {
+        vs_store_first(c_row + v * FMLP_SIMD_WIDTH, acc[r][v], left);
       }
     }
   }
 }
 
+/* Whole tiles (every row and vector inside c) and edge tiles as separate
+ * copies of the tile, so the whole tiles' loops have constant bounds. */
+static void FN(small_product_whole_tile)(int64_t kc, const STORE *a, int64_t a_rs, int64_t a_cs,
+                                         const STORE *b, int64_t ldb, STORE *c, int64_t ldc,
+                                         int accumulate) {
+  FN(small_product_tile)(SMALL_PRODUCT_MR, kc, a, a_rs, a_cs, b, ldb, c, ldc,
+                         SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH, accumulate);
+}
+
+static void FN(small_product_edge_tile)(int64_t tile_rows, int64_t kc, const STORE *a,
+                                        int64_t a_rs, int64_t a_cs, const STORE *b, int64_t ldb,
+                                        STORE *c, int64_t ldc, int64_t cols, int accumulate) {
+  FN(small_product_tile)(tile_rows, kc, a, a_rs, a_cs, b, ldb, c, ldc, cols, accumulate);
+}
+
 /* c[i, j] = sum over kk of a[i * a_rs + kk * a_cs] * b[kk * ldb + j] for i in
- * [0, m), j in [j0, j0 + count), c row-major with ldc. */
+ * [0, m), j in [j0, j0 + count), c row-major with ldc. Per K block, the
+ * columns go in chunks whose block of b (kc x chunk) takes at most a quarter
+ * of the L2, and each row tile sweeps a chunk's columns before the next row
+ * tile starts: a dW (K = rows, m = a layer's width) then writes each of its
+ * rows as one run, where a sweep down 64-column strips wrote 256 bytes to
+ * every row (a page apart at 1024 columns) per strip. */
 static void FN(small_product_columns)(int64_t m, int64_t k, const STORE *a, int64_t a_rs,
                                       int64_t a_cs, const STORE *b, int64_t ldb, STORE *c,
                                       int64_t ldc, int64_t j0, int64_t count) {
   const int64_t tile_cols = SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH;
-  for (int64_t j = j0; j < j0 + count; j += tile_cols) {
-    const int64_t cols = j0 + count - j < tile_cols ? j0 + count - j : tile_cols;
-    for (int64_t kb = 0; kb < k || kb == 0; kb += SMALL_PRODUCT_KC) {
-      const int64_t kc = k - kb < SMALL_PRODUCT_KC ? k - kb : SMALL_PRODUCT_KC;
-      FN(small_product_tiles)(m, kc, a + kb * a_cs, a_rs, a_cs, b + kb * ldb + j, ldb,
-                              c + j, ldc, cols, kb > 0);
+  for (int64_t kb = 0; kb < k || kb == 0; kb += SMALL_PRODUCT_KC) {
+    const int64_t kc = k - kb < SMALL_PRODUCT_KC ? k - kb : SMALL_PRODUCT_KC;
+    const int64_t fit = fmlp_cpu_l2_bytes() / 4 / (int64_t)sizeof(STORE) / (kc > 0 ? kc : 1);
+    const int64_t chunk = fit > tile_cols ? fit / tile_cols * tile_cols : tile_cols;
+    for (int64_t jc = j0; jc < j0 + count; jc += chunk) {
+      const int64_t chunk_end = j0 + count - jc < chunk ? j0 + count : jc + chunk;
+      for (int64_t i = 0; i < m; i += SMALL_PRODUCT_MR) {
+        const int64_t tile_rows = m - i < SMALL_PRODUCT_MR ? m - i : SMALL_PRODUCT_MR;
+        const STORE *a_tile = a + i * a_rs + kb * a_cs;
+        for (int64_t j = jc; j < chunk_end; j += tile_cols) {
+          const int64_t cols = chunk_end - j < tile_cols ? chunk_end - j : tile_cols;
+          if (tile_rows == SMALL_PRODUCT_MR && cols == tile_cols) {
+            FN(small_product_whole_tile)(kc, a_tile, a_rs, a_cs, b + kb * ldb + j, ldb,
+                                         c + i * ldc + j, ldc, kb > 0);
+          } else {
+            FN(small_product_edge_tile)(tile_rows, kc, a_tile, a_rs, a_cs, b + kb * ldb + j,
+                                        ldb, c + i * ldc + j, ldc, cols, kb > 0);
+          }
+        }
+      }
     }
   }
 }
@@ -378,23 +411,32 @@ static void FN(finish_grad_pre_columns)(const FN(few_rows_backward) *bw, int64_t
                         a->grad_biases != NULL ? a->grad_biases[l] : NULL);
 }
 
-/* Stage 0: the top layer's grad_pre. Stage s > 0: layer l = n_layers - s,
- * task `task`'s columns [j0, j0 + count) of its input width: dW_l's columns,
- * then dX's, finished into the layer below's grad_pre. */
+/* Whether the top layer's grad_pre needs a stage of its own: only through an
+ * activation, as the layers below read it whole. Without one, grad_pre is
+ * grad_y and the top bias's sums ride along the top layer's products' stage,
+ * a barrier fewer. */
+static int64_t FN(few_rows_top_stages)(const fmlp_cpu_chain_backward_args *a) {
+  return a->final_activation != FMLP_ACT_NONE;
+}
+
+/* Stage 0, with an activation on the top layer: its grad_pre. Then per layer
+ * l from the top, task `task`'s columns [j0, j0 + count) of its input width:
+ * dW_l's columns, then dX's, finished into the layer below's grad_pre; the
+ * top layer's stage also sums a share of its bias's columns when it had no
+ * stage 0. */
 static void FN(few_rows_backward_part)(const void *block, int64_t stage, int64_t task,
                                        int64_t n_tasks, REAL *unused) {
   (void)unused;
   const FN(few_rows_backward) *bw = block;
   const fmlp_cpu_chain_backward_args *a = bw->args;
-  const int64_t rows = a->rows;
+  const int64_t rows = a->rows, top = a->n_layers - 1, top_stages = FN(few_rows_top_stages)(a);
   int64_t j0, count;
   if (stage == 0) {
-    const int64_t top = a->n_layers - 1;
     FN(even_split)(a->widths[top + 1], FMLP_SIMD_WIDTH, n_tasks, task, &j0, &count);
     if (count > 0) FN(finish_grad_pre_columns)(bw, top, a->grad_y, j0, count);
-    return;
+    if (top_stages > 0) return;
   }
-  const int64_t l = a->n_layers - stage, width = a->widths[l + 1], k = a->widths[l];
+  const int64_t l = top - (stage - top_stages), width = a->widths[l + 1], k = a->widths[l];
   FN(even_split)(k, FMLP_SIMD_WIDTH, n_tasks, task, &j0, &count);
   if (count == 0) return;
   const STORE *grad_pre = FN(few_rows_grad_pre)(bw, l);
@@ -441,7 +483,8 @@ static fmlp_status FN(chain_backward_few_rows)(const fmlp_cpu_chain_backward_arg
   const int split = threading != NULL && threading->n_threads > 1 &&
                     multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
   const FN(column_split) columns = {split ? threading : NULL, no_pack, 0};
-  FN(run_column_stages)(&columns, a->n_layers + 1, FN(few_rows_backward_part), &bw, no_pack);
+  FN(run_column_stages)(&columns, FN(few_rows_top_stages)(a) + a->n_layers,
+                        FN(few_rows_backward_part), &bw, no_pack);
   free(bw.scratch);
   return FMLP_OK;
 }

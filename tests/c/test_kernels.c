@@ -728,6 +728,14 @@ int main(int argc, char **argv) {
                               &chunked);
     test_gated_block_backward(&t, (fmlp_dtype)dtype, 20, 64, 96, 40, FMLP_ACT_GELU, 0, &chunked);
     test_k_blocks(&t, (fmlp_dtype)dtype, &chunked);
+    /* a few-row dX whose columns run past one L2-sized column chunk of its K blocks
+     * (backward.h's small_product_columns: a quarter of the L2 over K 256 in float, over
+     * the whole K 257 in bfloat16), just past and well past */
+    for (int64_t extra = 5; extra <= 600; extra += 595) {
+      const int64_t chunked_columns[3] = {fmlp_cpu_l2_bytes() / 1024 + extra, 257, 3};
+      test_chain_backward(&t, (fmlp_dtype)dtype, 16, chunked_columns, FMLP_ACT_RELU,
+                          FMLP_ACT_NONE, 0, &serial);
+    }
     const int64_t empty_rows_widths[3] = {3, 4, 2};
     test_chain_backward(&t, (fmlp_dtype)dtype, 0, empty_rows_widths, FMLP_ACT_GELU,
                         FMLP_ACT_NONE, 0, &serial);
