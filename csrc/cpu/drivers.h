@@ -42,17 +42,18 @@
  * ones), 384 0.79 / 0.85, 512 0.83 / 0.88, 768 0.81 / 0.88, 1024 0.89 /
  * 0.99; mlp_train 512^3 ReLU at 256 0.89 / 0.99, 512 0.93 / 0.92, 1024
  * 0.82 / 0.96; linear 1024 -> 4096 GELU at 256 0.81 / 0.83, 512 0.92 /
- * 0.91, 768 0.95 / 0.91, 1024 0.96 / 0.90. Two threads could not be
- * measured under that load: their times came in scheduler quanta (4, 8,
- * 12 ms), the column split's stages waiting for a preempted thread where
- * row blocks do not; the quietest calls (min of 4 x 60) ran mlp_train at
- * 256 rows 0.44 ms against 0.91 (bfloat16), 1.96 against 2.24 (float32),
- * the gated block at 256 11.1 against 9.1 (bfloat16, medians 12-33 against
- * 33-47), 28.6 against 53.0 (float32), mlp_train at 512 bfloat16 5.8
- * against 1.4 (no quiet call in 60). The gain shrinks with the rows (each
- * thread packs the whole input, whose block outgrows the L2 past a few
- * hundred bfloat16 rows of K = 3072), so the bound stays where every case
- * gained on one thread. */
+ * 0.91, 768 0.95 / 0.91, 1024 0.96 / 0.90. Two threads, quiet machine,
+ * `python -m fusedmlp.bench` training cases (fused / eager in each process,
+ * 3 rounds, builds alternating), ahead -> just in time (that build also
+ * overlapping the AMX linear tile's epilogue, microkernel_amx.h): train_gated
+ * (GeGLU block 256 tokens, fwd + bwd) bfloat16 1.28-1.40x -> 0.91-1.00x,
+ * float32 1.08-1.23x -> 0.96-1.02x; train_step (256 x 512^3) bfloat16
+ * 0.99-1.05x -> 0.84-1.01x, float32 level (1.02-1.08x, 1.01-1.12x). A
+ * stage of the column split waits for a preempted thread where row blocks
+ * would not: on a loaded machine these times came in scheduler quanta. The
+ * gain shrinks with the rows (each thread packs the whole input, whose
+ * block outgrows the L2 past a few hundred bfloat16 rows of K = 3072), so
+ * the bound stays where every case gained on one thread. */
 #define GEMM_JIT_MAX_ROWS ((int64_t)512)
 _Static_assert(GEMM_JIT_MAX_ROWS >= GEMM_UNPACKED_MAX_ROWS, "few rows are one row block too");
 
