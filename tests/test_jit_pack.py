@@ -21,6 +21,15 @@ DIM = 600  # past one K block: float32 cuts K in blocks of at most ~512
 WIDTHS = (DIM, 97, 130, 33)  # odd widths: edge panels and tiles
 
 
+# every test: each dtype, one and two threads, each row count
+pytestmark = [
+    pytest.mark.usefixtures("restore_num_threads"),
+    pytest.mark.parametrize("rows", ROWS),
+    pytest.mark.parametrize("threads", [1, 2]),
+    pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16]),
+]
+
+
 def rand(*shape: int, generator: torch.Generator, scale: float = 1.0) -> Tensor:
     return torch.randn(*shape, generator=generator) * scale
 
@@ -37,10 +46,6 @@ def transposed_layout(w: Tensor) -> Tensor:
     return w.t().contiguous().t()
 
 
-@pytest.mark.usefixtures("restore_num_threads")
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_chain_around_the_bound(isa, dtype, threads, rows, generator):
     torch.set_num_threads(threads)
     x64 = rand(rows, DIM, generator=generator)
@@ -62,10 +67,6 @@ def test_chain_around_the_bound(isa, dtype, threads, rows, generator):
     assert_matches_reference(y.detach(), expected)
 
 
-@pytest.mark.usefixtures("restore_num_threads")
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_gated_around_the_bound(isa, dtype, threads, rows, generator):
     torch.set_num_threads(threads)
     hidden = 97
