@@ -269,8 +269,9 @@ typedef struct {
 } FN(column_split);
 
 /* The split for an op partitioned into `blocks` (input_pack_elems set) with
- * weight_elems multiply-adds a row. */
-static fmlp_status FN(column_split_for)(const FN(row_blocks) *blocks, int64_t weight_elems,
+ * weight_elems multiply-adds a row. Split, its tasks pack into the split's
+ * scratch, so the row block takes none (blocks->input_pack_elems 0). */
+static fmlp_status FN(column_split_for)(FN(row_blocks) *blocks, int64_t weight_elems,
                                         const fmlp_threading *threading,
                                         FN(column_split) *split) {
   *split = (FN(column_split)){NULL, NULL, 0};
@@ -285,6 +286,7 @@ static fmlp_status FN(column_split_for)(const FN(row_blocks) *blocks, int64_t we
   split->packs = fmlp_alloc_matrices(threading->n_threads, 1, split->pack_elems, sizeof(REAL));
   if (split->packs == NULL) return FMLP_ERR_OUT_OF_MEMORY;
   split->threading = threading;
+  blocks->input_pack_elems = 0;
   return FMLP_OK;
 }
 
@@ -500,8 +502,6 @@ static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_w
       FN(task_pack_elems)(blocks.block_rows, max_k, block_elems, &job.weight_block_at);
   blocks.op = &job;
   fmlp_status status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
-  /* split tasks pack into the split's scratch, not the row block's */
-  if (job.split.threading != NULL) blocks.input_pack_elems = 0;
   if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
   free(job.split.packs);
   return status;
@@ -659,8 +659,6 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
         FN(task_pack_elems)(blocks.block_rows, a->dim > a->hidden ? a->dim : a->hidden,
                             block_elems, &job.weight_block_at);
     status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
-    /* split tasks pack into the split's scratch, not the row block's */
-    if (job.split.threading != NULL) blocks.input_pack_elems = 0;
     if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
     free(job.split.packs);
   }

@@ -291,9 +291,9 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
  * 15-25 alternating runs, loaded machine; gemm_rows over 1024 rows, one
  * thread, best 3 of 10-12: 1024 -> 4096 GELU(tanh) 9.7-9.9 ms against
  * 10.5, 768 -> 3072 6.0 against 6.4, 3072 -> 768 without activation 5.3-5.5
- * against 5.3-5.4). The gated tile keeps its
- * epilogue in place: deferred alike, it ran 2% slower (3.83-3.85 us
- * against 3.74-3.75 for gate and up 1024 -> 32 columns). gemm.h's tile
+ * against 5.3-5.4). The gated tile keeps its epilogue in place: deferred
+ * alike, it ran 2% slower (3.83-3.85 us against 3.74-3.75 for gate and up
+ * 1024 -> 32 columns). gemm.h's tile
  * loop keeps one on its stack (FMLP_MICROKERNEL_STATE) from
  * FMLP_MICROKERNEL_BEGIN to END and hands it to every tile (the epilogue's
  * `state`). */
