@@ -29,8 +29,29 @@
  * pending_tile) and the weights streamed from L3 once per input block
  * (choose_blocks).
  *
+ * Measured again with the epilogue deferred (C harness: gemm_rows of a
+ * 512-row block, one thread's CPU time, variants as libraries alternating
+ * in one process, min of 12-20 runs, load 3-5 on the 2 cores, outputs
+ * bit-identical): K parts of 8-11 whole 32s run part by part over the up
+ * to 8 tiles of one input panel (its part in L1 while the weight panels
+ * stream from L2, partial sums 4 KiB a tile on the tile loop's stack, so
+ * nothing like the 12 MiB above) took 1024 -> 4096 (no activation) 5.3-5.7
+ * ms against 5.0 whole: each part's C tiles go through memory and back
+ * (tilestored, then tileloadd and the products wait on them), which in an
+ * isolated loop cost 8% at one round trip per 32 steps; the L1 saves less
+ * (that loop over A and B panels swept from L2 ran 1.6-1.7 TFLOP/s against
+ * 2.2-2.5 for the products alone). Neither are the weights from L3 what
+ * limits it: input and weight blocks of half to twice choose_blocks' sizes
+ * stayed within +-6%, the next weight block prefetched into L2 a share per
+ * tile ran 6-10% slower, and a weight of one block (256 columns, always in
+ * L2) ran no faster per flop. The op's tile loop runs at ~0.9-1.0 TFLOP/s
+ * plain in this VM's quiet moments and ~3x slower when the other vCPU is
+ * busy, the isolated loop with it (shared core resources), so
+ * two-thread timings here are ratios at best.
+ *
  * The packed path's tile is 32 x 32 (2 x 2 C tiles, 2 A and 2 B: all 8 tile
- * registers); the few-row paths and everything else are microkernel_simd.h's
+ * registers; the gated tile too, gate's then up's: see microkernel_gated_amx);
+ * the few-row paths and everything else are microkernel_simd.h's
  * with the AVX-512 register tile (tile_avx512.h), so the unit includes that
  * first and then sets the packed tile for gemm.h and drivers.h. */
 #include <stdint.h>
@@ -49,20 +70,20 @@
 #include "microkernel_simd.h"
 
 /* The packed tile, for gemm.h and drivers.h (included after this header);
- * the SIMD kernels above were expanded with tile_avx512.h's. Gated: gate and
- * up C tiles of 32 rows x 16 columns share the two A tiles. */
+ * the SIMD kernels above were expanded with tile_avx512.h's. Gated: the
+ * whole 32 x 32 tile, gate's product then up's (microkernel_gated_amx). */
 #undef GEMM_MR
 #undef GATED_MR
 #undef GATED_NR
 #define GEMM_MR 32
 #define GATED_MR 32
-#define GATED_NR 16
+#define GATED_NR 32
 
 #define AMX_ROWS 16  /* rows of a tile */
 #define AMX_K 32     /* bfloat16 values along K in a row of an A tile */
 #define AMX_BYTES 64 /* bytes in a row of any tile */
 _Static_assert(GEMM_NR == 2 * AMX_ROWS && GEMM_MR == 2 * AMX_ROWS, "2 x 2 C tiles");
-_Static_assert(GATED_NR == AMX_ROWS, "one C tile of gate and one of up per 16 rows");
+_Static_assert(GATED_NR == GEMM_NR, "the gated tile takes whole weight panels");
 
 /* Vectors the epilogue activates together: the activations' polynomials are
  * chains of dependent FMAs, and a row's 2 vectors (1 in the gated tile) left
@@ -72,7 +93,7 @@ _Static_assert(GATED_NR == AMX_ROWS, "one C tile of gate and one of up per 16 ro
  * faster than 8; C harness, one thread's CPU time, best of 3, loaded
  * machine); the gated tile takes 8 rows alike. */
 #define EPILOGUE_VECTORS 8
-_Static_assert(GEMM_MR % (EPILOGUE_VECTORS / GEMM_NV) == 0 && GATED_MR % EPILOGUE_VECTORS == 0,
+_Static_assert(GEMM_MR % (EPILOGUE_VECTORS / GEMM_NV) == 0,
                "epilogue groups of whole rows inside the tile");
 
 /* pack_tile_rows for rows next to each other (rs == 1: the transposed grad_pre
@@ -293,7 +314,11 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
  * 10.5, 768 -> 3072 6.0 against 6.4, 3072 -> 768 without activation 5.3-5.5
  * against 5.3-5.4). The gated tile keeps its epilogue in place: deferred
  * alike, it ran 2% slower (3.83-3.85 us against 3.74-3.75 for gate and up
- * 1024 -> 32 columns). gemm.h's tile
+ * 1024 -> 32 columns, the 32 x 16 tile); in the 32 x 32 tile, gate's
+ * bias, pre-activation and activation run between up's products (4 rows
+ * at a time, as here) measured level: 512 rows x 768 -> 3072 GELU(tanh)
+ * 6.1-6.7 ms against 6.1-6.6, 1024 -> 4096 GELU 10.9-12.8 against
+ * 10.6-10.9 (C harness as in the header). gemm.h's tile
  * loop keeps one on its stack (FMLP_MICROKERNEL_STATE) from
  * FMLP_MICROKERNEL_BEGIN to END and hands it to every tile (the epilogue's
  * `state`). */
@@ -454,43 +479,63 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
   p->ep = *ep;
 }
 
-/* Gate and up over the input's MR rows (as in microkernel_amx), GATED_NR
- * columns (b_gate, b_up: their first column in the K-pair weight panels), in
- * one pass over K: the two A tiles serve both. act(gate) * up is formed in
- * float and rounded once at its store. */
+/* Gate and up over the input's MR rows (as in microkernel_amx) and GATED_NR
+ * columns (b_gate, b_up: the K-pair weight panels), each as the linear
+ * tile's 2 x 2 C tiles, one weight after the other: a B tile then reads
+ * whole 64-byte lines of its panel, and the input panel is read twice a
+ * 32 x 32 tile, as before. The 32 x 16 gated tile before it (gate and up C
+ * tiles of 16 columns side by side, one pass over K) read every other line
+ * of both panels, the tile's other half the rest in its own call: gate and
+ * up 512 rows x 768 -> 3072 GELU(tanh) took 6.1-7.0 ms against 7.2-7.8 in
+ * quiet moments, 16.0-16.5 against 17.1-17.5 under load, 1024 -> 4096 GELU
+ * 12.7 against 13.3 (C harness as in the header, same outputs; 512 -> 2048
+ * ReLU level). act(gate) * up is formed in float and rounded once at its
+ * store. */
 static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
                                       const REAL *restrict b_gate, const REAL *restrict b_up,
                                       int64_t rows, int64_t cols,
                                       const FN(gated_tile_epilogue) *ep) {
   _Alignas(64) REAL gate[GATED_MR][GATED_NR], up[GATED_MR][GATED_NR];
-  const uint32_t *const weights[2] = {(const uint32_t *)b_gate, (const uint32_t *)b_up};
+  const uint32_t *gate_slots = (const uint32_t *)b_gate, *up_slots = (const uint32_t *)b_up;
+  const uint32_t *const gate_halves[2] = {gate_slots, gate_slots + AMX_ROWS};
+  const uint32_t *const up_halves[2] = {up_slots, up_slots + AMX_ROWS};
+  const FN(amx_input) input = FN(amx_input_at)(a, kc, ep->a_row_stride);
   const int64_t t_stride = GATED_NR * (int64_t)sizeof(REAL);
-  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), weights, NULL);
+  FN(multiply_tiles)(kc, input, gate_halves, NULL);
   _tile_stored(TILE_C00, &gate[0][0], t_stride);
-  _tile_stored(TILE_C01, &up[0][0], t_stride);
+  _tile_stored(TILE_C01, &gate[0][AMX_ROWS], t_stride);
   _tile_stored(TILE_C10, &gate[AMX_ROWS][0], t_stride);
-  _tile_stored(TILE_C11, &up[AMX_ROWS][0], t_stride);
-  vreal gate_start, up_start;
-  FN(bias_vectors)(ep->bias_gate, 1, cols, &gate_start);
-  FN(bias_vectors)(ep->bias_up, 1, cols, &up_start);
-  for (int64_t i0 = 0; i0 < rows; i0 += EPILOGUE_VECTORS) {
-    const int64_t here = rows - i0 < EPILOGUE_VECTORS ? rows - i0 : EPILOGUE_VECTORS;
-    vreal g[EPILOGUE_VECTORS], u[EPILOGUE_VECTORS];
-    for (int i = 0; i < EPILOGUE_VECTORS; ++i) {
-      g[i] = v_add(v_load(gate[i0 + i]), gate_start);
-      u[i] = v_add(v_load(up[i0 + i]), up_start);
-    }
-    for (int i = 0; i < EPILOGUE_VECTORS; ++i) {
-      if (i < here && ep->save_gate_up) {
-        FN(store_row_bf16)(ep->gate + (i0 + i) * ep->gate_up_stride, &g[i], 1, cols);
-        FN(store_row_bf16)(ep->up + (i0 + i) * ep->gate_up_stride, &u[i], 1, cols);
+  _tile_stored(TILE_C11, &gate[AMX_ROWS][AMX_ROWS], t_stride);
+  FN(multiply_tiles)(kc, input, up_halves, NULL);
+  _tile_stored(TILE_C00, &up[0][0], t_stride);
+  _tile_stored(TILE_C01, &up[0][AMX_ROWS], t_stride);
+  _tile_stored(TILE_C10, &up[AMX_ROWS][0], t_stride);
+  _tile_stored(TILE_C11, &up[AMX_ROWS][AMX_ROWS], t_stride);
+  vreal gate_start[GEMM_NV], up_start[GEMM_NV];
+  FN(bias_vectors)(ep->bias_gate, GEMM_NV, cols, gate_start);
+  FN(bias_vectors)(ep->bias_up, GEMM_NV, cols, up_start);
+  for (int64_t i0 = 0; i0 < rows; i0 += GROUP_ROWS) {
+    const int64_t here = rows - i0 < GROUP_ROWS ? rows - i0 : GROUP_ROWS;
+    vreal g[GROUP_ROWS][GEMM_NV], u[GROUP_ROWS][GEMM_NV];
+    for (int i = 0; i < GROUP_ROWS; ++i) {
+      for (int v = 0; v < GEMM_NV; ++v) {
+        g[i][v] = v_add(v_load(&gate[i0 + i][v * FMLP_SIMD_WIDTH]), gate_start[v]);
+        u[i][v] = v_add(v_load(&up[i0 + i][v * FMLP_SIMD_WIDTH]), up_start[v]);
       }
     }
-    FN(activate_vectors)(g, EPILOGUE_VECTORS, ep->activation);
-    for (int i = 0; i < EPILOGUE_VECTORS; ++i) {
-      const vreal product = v_mul(g[i], u[i]);
-      STORE *row = ep->product + (i0 + i) * ep->product_stride;
-      if (i < here) FN(store_row_bf16)(row, &product, 1, cols);
+    for (int i = 0; i < GROUP_ROWS; ++i) {
+      if (i < here && ep->save_gate_up) {
+        FN(store_row_bf16)(ep->gate + (i0 + i) * ep->gate_up_stride, g[i], GEMM_NV, cols);
+        FN(store_row_bf16)(ep->up + (i0 + i) * ep->gate_up_stride, u[i], GEMM_NV, cols);
+      }
+    }
+    FN(activate_vectors)(&g[0][0], EPILOGUE_VECTORS, ep->activation);
+    for (int i = 0; i < GROUP_ROWS; ++i) {
+      vreal product[GEMM_NV];
+      for (int v = 0; v < GEMM_NV; ++v) product[v] = v_mul(g[i][v], u[i][v]);
+      if (i < here) {
+        FN(store_row_bf16)(ep->product + (i0 + i) * ep->product_stride, product, GEMM_NV, cols);
+      }
     }
   }
 }
