@@ -16,6 +16,11 @@
  *                 packed once beforehand as ours is (cblas_sgemm_pack and
  *                 _compute), when the script hands over a library with MKL
  *   whole         fmlp_cpu_gated_f32_<isa>, its weights packed in the call
+ *   strides       (when named) up, gated and down rows into outputs whose rows
+ *                 lie HIDDEN (DIM) floats apart against STRIDE_PAD more,
+ *                 alternating: at 3072 floats a tile's rows are 12 KiB apart,
+ *                 a multiple of 4 KiB, so all of them map to the same cache
+ *                 sets (issue 18's aliasing question)
  *
  * The peak: 12 independent FMA chains of the unit's vectors, timed before
  * each run.
@@ -139,25 +144,28 @@ typedef struct {
   const float *x;
   FN(packed_weight) gate, up, down;
   float *gate_out, *up_out, *product, *y, *input_pack;
+  int64_t pad;     /* floats past HIDDEN (DIM for y) in each output row's stride */
+  int save_gate_up; /* gated rows store gate and up too, as a training call does */
+  float *jit_input_pack, *weight_block; /* for up_rows_jit */
 } block_job;
 
 static void gated_rows(void *context) {
   block_job *j = context;
   FN(gemm_gated_rows)((fmlp_input){j->x, DIM, 1}, j->rows, &j->gate, &j->up, NULL, NULL,
-                      FMLP_ACT_GELU_TANH, j->gate_out, j->up_out, j->product, HIDDEN, 0,
-                      j->input_pack);
+                      FMLP_ACT_GELU_TANH, j->gate_out, j->up_out, j->product, HIDDEN + j->pad,
+                      j->save_gate_up, j->input_pack, NULL);
 }
 
 static void up_rows(void *context) {
   block_job *j = context;
   FN(gemm_rows)((fmlp_input){j->x, DIM, 1}, j->rows, &j->up, NULL, FMLP_ACT_NONE, j->up_out,
-                HIDDEN, NULL, 0, j->input_pack);
+                HIDDEN + j->pad, NULL, 0, j->input_pack);
 }
 
 static void down_rows(void *context) {
   block_job *j = context;
   FN(gemm_rows)((fmlp_input){j->product, HIDDEN, 1}, j->rows, &j->down, NULL, FMLP_ACT_NONE,
-                j->y, DIM, NULL, 0, j->input_pack);
+                j->y, DIM + j->pad, NULL, 0, j->input_pack);
 }
 
 /* ---- MKL's sgemm on the same shapes (its CBLAS, LP64, from the library the
@@ -249,6 +257,34 @@ static void report_paired(const char *what, void (*ours)(void *), void *ours_con
          mkl_flops / median(mkl_t, PAIRED_ROUNDS) / 1e9);
 }
 
+/* ---- strides: the same product into output rows HIDDEN (DIM) floats
+ * apart and STRIDE_PAD floats more, alternating within each round: at a
+ * multiple of 4 KiB every row of a tile maps to the same L1 and L2 sets ---- */
+
+enum { STRIDE_PAD = 16 };
+
+/* the median over PAIRED_ROUNDS of fn's time on b over its time on a */
+static void report_padded(const char *what, void (*fn)(void *), void *a, void *b) {
+  double ratio[PAIRED_ROUNDS];
+  fn(a), fn(b); /* warm */
+  for (int r = 0; r < PAIRED_ROUNDS; ++r) {
+    const double ta = seconds_of(fn, a);
+    ratio[r] = seconds_of(fn, b) / ta;
+  }
+  const double m = median(ratio, PAIRED_ROUNDS);
+  printf("%-36s padded/plain time %.3f (quartiles %.3f-%.3f)\n", what, m,
+         ratio[PAIRED_ROUNDS / 4], ratio[PAIRED_ROUNDS - 1 - PAIRED_ROUNDS / 4]);
+}
+
+/* up rows with the weight packed a block at a time, as an op of up to
+ * GEMM_JIT_MAX_ROWS rows does it */
+static void up_rows_jit(void *context) {
+  block_job *j = context;
+  const FN(packed_weight) w = {.data = NULL, .source = j->up.source, .n = HIDDEN, .k = DIM};
+  FN(gemm_rows_packing)((fmlp_input){j->x, DIM, 1}, j->rows, &w, NULL, FMLP_ACT_NONE, j->up_out,
+                        HIDDEN + j->pad, NULL, 0, j->jit_input_pack, j->weight_block);
+}
+
 typedef struct {
   fmlp_cpu_gated_args args;
 } whole_job;
@@ -290,9 +326,14 @@ int main(int argc, char **argv) {
 
   float *x = filled(rows * DIM, 7), *wg = filled(HIDDEN * DIM, 8), *wu = filled(HIDDEN * DIM, 9);
   float *wd = filled(DIM * HIDDEN, 10), *y = filled(rows * DIM, 11);
-  block_job b = {.rows = block, .x = x, .gate_out = filled(block * HIDDEN, 12),
-                 .up_out = filled(block * HIDDEN, 13), .product = filled(block * HIDDEN, 14),
-                 .y = y, .input_pack = filled(FN(input_pack_elems)(block, HIDDEN), 15)};
+  float *y_padded = filled(rows * (DIM + STRIDE_PAD), 11);
+  block_job b = {.rows = block, .x = x,
+                 .gate_out = filled(block * (HIDDEN + STRIDE_PAD), 12),
+                 .up_out = filled(block * (HIDDEN + STRIDE_PAD), 13),
+                 .product = filled(block * (HIDDEN + STRIDE_PAD), 14), .y = y,
+                 .input_pack = filled(FN(input_pack_elems)(block, HIDDEN), 15),
+                 .jit_input_pack = filled(FN(whole_input_pack_elems)(block, HIDDEN), 16),
+                 .weight_block = filled(FN(weight_block_elems)(DIM, 1), 17)};
   const int64_t packed = INT64_MAX; /* as for many rows: packed, not read in place */
   if (FN(pack_weight)((fmlp_input){wg, DIM, 1}, HIDDEN, DIM, packed, NULL, NULL, &b.gate) ||
       FN(pack_weight)((fmlp_input){wu, DIM, 1}, HIDDEN, DIM, packed, NULL, NULL, &b.up) ||
@@ -330,6 +371,19 @@ int main(int argc, char **argv) {
       free(m.a), free(m.b_gate), free(m.product);
     }
     free(up.packed_b), free(down.packed_b);
+  }
+
+  if (strstr(parts, "strides")) {
+    block_job padded = b;
+    padded.pad = STRIDE_PAD;
+    padded.y = y_padded;
+    report_padded("strides: up rows", up_rows, &b, &padded);
+    report_padded("strides: up rows, packed just in time", up_rows_jit, &b, &padded);
+    report_padded("strides: gated rows", gated_rows, &b, &padded);
+    block_job saving = b, saving_padded = padded;
+    saving.save_gate_up = saving_padded.save_gate_up = 1;
+    report_padded("strides: gated rows saving gate, up", gated_rows, &saving, &saving_padded);
+    report_padded("strides: down rows", down_rows, &b, &padded);
   }
 
   whole_job w = {.args = {.dtype = FMLP_F32, .rows = rows, .dim = DIM, .hidden = HIDDEN,

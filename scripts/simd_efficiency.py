@@ -6,12 +6,15 @@ MKL is held to AVX2 as well (MKL_ENABLE_INSTRUCTIONS), so the two compare at the
 
     PYTHONPATH=python python scripts/simd_efficiency.py ISA [ROW_BLOCK [ROWS [PARTS]]]
 
-PARTS: a comma-separated subset of micro,rows,mkl,whole,paired (default all but paired). Each
-line is the best of several runs, as a fraction of the FMA peak timed just before that run, in
-CPU time: on a loaded machine the clock and the share of the core move from one moment to the
-next. paired times ours and MKL alternately within each of 21 rounds on the up, down and gated
-rows and prints the median ratio of their times: MKL is the control, so two builds of ours
-(FMLP_EXTRA_CFLAGS) compare by their ratios even when the load moved between their runs.
+PARTS: a comma-separated subset of micro,rows,mkl,whole,paired,strides (default all but paired
+and strides). Each line is the best of several runs, as a fraction of the FMA peak timed just
+before that run, in CPU time: on a loaded machine the clock and the share of the core move from
+one moment to the next. paired times ours and MKL alternately within each of 21 rounds on the
+up, down and gated rows and prints the median ratio of their times: MKL is the control, so two
+builds of ours (FMLP_EXTRA_CFLAGS) compare by their ratios even when the load moved between
+their runs. strides times the row block's products into outputs whose row stride is HIDDEN
+(3072 floats, 12 KiB: every row of a tile in the same cache sets) against 16 floats more,
+alternating, and prints the median padded/plain time ratio.
 FMLP_EXTRA_CFLAGS (split on spaces) is added to the compile line, to build a variant."""
 
 from __future__ import annotations

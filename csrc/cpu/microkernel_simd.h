@@ -190,6 +190,23 @@ static FMLP_ALWAYS_INLINE void FN(prefetch_panel_row)(const REAL *row, int64_t w
  * (no gain), K blocks of 384 or 768 for one weight (1.00x, 1.03-1.04x), the
  * next tile's output rows prefetched (1.00x), the weight panel prefetched 8,
  * 24 or 32 K steps ahead rather than 16 (0.99-1.02x, AVX2 and AVX-512).
+ * Later, with both builds in one process (scripts/simd_ab.py: whole ops,
+ * one thread, medians of 11-21 alternating rounds, load 4-6 on 2 cores; B's
+ * time over A's): earlier K blocks' partial sums added to the tile after the
+ * K loop rather than loaded before it (0.97-1.01x linear, level), the next
+ * weight block asked into the L2 across the current block's tiles (0.99-1.02x),
+ * b loaded a K step ahead into registers (1.00-1.01x), the activation run over
+ * the stored tile a row at a time (0.99-1.00x); and output rows a multiple of
+ * 4 KiB apart cost nothing (simd_efficiency.py's strides part: 0.98-1.00x
+ * the time with rows 16 floats farther apart). Where the whole product's
+ * time goes instead (AVX-512, 504 x 768 -> 3072, the micro-kernel over the
+ * same 42 x 32 tiles of one K block, GFLOP/s against panels in L1, four
+ * runs, medians of 21-41 alternating rounds): input and weight panels
+ * streaming from L2 0.92-1.01, the tile at its place in the output with
+ * earlier sums reloaded 0.92-0.96, weight blocks changing as the product's do
+ * (from L3) 0.88, the whole product 0.87-0.92; perf puts 94% of it in the
+ * micro-kernel, its samples spread evenly over the K loop: small losses at
+ * each step, no one place.
  *
  * acc[i][v] += sum_kk a_rows[i][kk * a_k_stride] * b[kk * nv * W + v * W] for
  * i < mr, v < nv: mr and nv are constants in each caller, so the tile stays in

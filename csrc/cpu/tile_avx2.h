@@ -12,7 +12,9 @@
  * 1024 and 8192 x 768 -> 3072 -> 768 GELU(tanh), noisy shared cores): 6 x 8
  * ran 1.2-1.5x faster than 3 x 16 (17 registers: one accumulator lived on
  * the stack, a store-to-load round trip every K step) and 1.0-1.1x faster
- * than 2 x 16 (8 accumulators). */
+ * than 2 x 16 (8 accumulators). The two 8-wide parts of the 6 x 16 tile
+ * interleaved in K chunks of 64, so that the second finds the chunk's
+ * weight lines in L1, ran 1.00-1.01x the time (scripts/simd_ab.py). */
 #define GATED_MR 6
 #define GATED_NR FMLP_SIMD_WIDTH
 /* gate and up run K in one block up to GEMM_KC (the 6-row input panel in

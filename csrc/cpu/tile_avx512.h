@@ -8,7 +8,13 @@
  * registers. */
 #define GEMM_MR 12
 #define GEMM_NR ((int64_t)(2 * FMLP_SIMD_WIDTH))
-/* gated: 6 x 2 zmm of gate and of up, 4 loads, one broadcast: 29 of 32 */
+/* gated: 6 x 2 zmm of gate and of up, 4 loads, one broadcast: 29 of 32.
+ * Against it (scripts/simd_ab.py, GeGLU 768 -> 3072 -> 768 at 256 and 1024
+ * tokens, one thread, loaded machine): 12 x 1 zmm, which loads half the
+ * weight bytes a multiply-add, 1.03x the time; the two 6-row parts
+ * interleaved in K chunks of 64 or 128 so that the second finds the
+ * chunk's weight lines in L1, 1.00-1.01x: the weight panels' trips from L2
+ * are not what bounds it. */
 #define GATED_MR 6
 #define GATED_NR GEMM_NR
 /* gate and up run K in one block while the 12-row input micro-panel fits

@@ -1,0 +1,187 @@
+/* Two builds of a float32 SIMD unit in one process (issue 18): A, the unit
+ * as the tree has it, and B, the same unit with some of its headers swapped
+ * for variants (scripts/simd_ab.py builds both, their symbols suffixed _a
+ * and _b). Whole ops on one thread, A and B alternating within each round
+ * (which goes first swaps every round), so both see the same moment's load;
+ * each case prints the median and quartiles of B's time over A's and the
+ * median GFLOP/s of each. One thread's CPU time: other processes on the
+ * core cost it little, though they still share its caches.
+ *
+ * Cases: linear GELU at 512 rows (one row block, weights packed just in
+ * time), the study MLP at 2048 rows and the GeGLU block at 1024 tokens
+ * (row blocks cut as for two threads, run one after another on this one),
+ * and the GeGLU block at 256 tokens. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fusedmlp/cpu.h"
+
+#ifndef ISA
+#error "compile with -DISA=avx2 or -DISA=avx512"
+#endif
+#define STRING2(x) #x
+#define STRING(x) STRING2(x)
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+#define BUILD_A(name) CAT(CAT(name, _f32_), CAT(ISA, _a))
+#define BUILD_B(name) CAT(CAT(name, _f32_), CAT(ISA, _b))
+fmlp_status BUILD_A(fmlp_cpu_chain)(const fmlp_cpu_chain_args *, const fmlp_threading *);
+fmlp_status BUILD_B(fmlp_cpu_chain)(const fmlp_cpu_chain_args *, const fmlp_threading *);
+fmlp_status BUILD_A(fmlp_cpu_gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
+fmlp_status BUILD_B(fmlp_cpu_gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
+
+enum { MAX_ROUNDS = 1000 };
+
+static double cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static float *filled(int64_t n, unsigned seed) {
+  float *p = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+  if (p == NULL) exit(1);
+  for (int64_t i = 0; i < n; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    p[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
+  }
+  return p;
+}
+
+/* The drivers cut the rows as for two threads; the tasks run one after
+ * another on this one. Only for ops of more than GEMM_JIT_MAX_ROWS rows: a
+ * single row block splits its columns in stages that wait for each other. */
+static void one_after_another(void *pool, int64_t n_tasks, void *context, fmlp_task_fn fn) {
+  (void)pool;
+  for (int64_t t = 0; t < n_tasks; ++t) fn(context, t, t + 1);
+}
+static const fmlp_threading AS_FOR_TWO = {one_after_another, NULL, 2};
+
+typedef struct {
+  int gated;
+  fmlp_cpu_chain_args chain;
+  fmlp_cpu_gated_args block;
+  const fmlp_threading *threading;
+} op;
+
+static double seconds(const op *o, int build_b) {
+  const double t0 = cpu_now();
+  const fmlp_status status =
+      o->gated ? (build_b ? BUILD_B(fmlp_cpu_gated) : BUILD_A(fmlp_cpu_gated))(&o->block,
+                                                                              o->threading)
+               : (build_b ? BUILD_B(fmlp_cpu_chain) : BUILD_A(fmlp_cpu_chain))(&o->chain,
+                                                                              o->threading);
+  if (status != FMLP_OK) {
+    fprintf(stderr, "status %d\n", (int)status);
+    exit(1);
+  }
+  return cpu_now() - t0;
+}
+
+static int by_value(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void compare(const char *what, const op *o, int rounds, double flops) {
+  double ratio[MAX_ROUNDS], a[MAX_ROUNDS], b[MAX_ROUNDS];
+  seconds(o, 0), seconds(o, 1); /* warm */
+  for (int r = 0; r < rounds; ++r) {
+    if (r % 2 == 0) {
+      a[r] = seconds(o, 0);
+      b[r] = seconds(o, 1);
+    } else {
+      b[r] = seconds(o, 1);
+      a[r] = seconds(o, 0);
+    }
+    ratio[r] = b[r] / a[r];
+  }
+  qsort(ratio, (size_t)rounds, sizeof(double), by_value);
+  qsort(a, (size_t)rounds, sizeof(double), by_value);
+  qsort(b, (size_t)rounds, sizeof(double), by_value);
+  printf("%-40s B/A time %.3f (quartiles %.3f-%.3f); median A %.1f, B %.1f GFLOP/s\n", what,
+         ratio[rounds / 2], ratio[rounds / 4], ratio[rounds - 1 - rounds / 4],
+         flops / a[rounds / 2] / 1e9, flops / b[rounds / 2] / 1e9);
+  fflush(stdout);
+}
+
+static void linear_cases(int rounds) {
+  static const int64_t shapes[][2] = {{768, 3072}, {3072, 768}, {1024, 4096}};
+  const int64_t rows = 512;
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
+    const int64_t k = shapes[s][0], n = shapes[s][1];
+    const int64_t widths[2] = {k, n};
+    const fmlp_input weight = {filled(n * k, 2), k, 1};
+    const void *bias[1] = {filled(n, 3)};
+    const op o = {.chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 1, .widths = widths,
+                            .x = {filled(rows * k, 1), k, 1}, .weights = &weight,
+                            .biases = bias, .hidden_activation = FMLP_ACT_GELU,
+                            .final_activation = FMLP_ACT_GELU, .y = filled(rows * n, 4),
+                            .y_row_stride = n}};
+    char what[80];
+    snprintf(what, sizeof what, "linear %lld x %lld -> %lld GELU", (long long)rows,
+             (long long)k, (long long)n);
+    compare(what, &o, rounds, 2.0 * rows * k * n);
+    free((void *)weight.data), free((void *)bias[0]), free((void *)o.chain.x.data);
+    free(o.chain.y);
+  }
+}
+
+static void mlp_case(int rounds) {
+  const int64_t rows = 2048, widths[4] = {768, 3072, 3072, 768};
+  fmlp_input weights[3];
+  const void *biases[3];
+  double flops = 0;
+  for (int l = 0; l < 3; ++l) {
+    weights[l] = (fmlp_input){filled(widths[l] * widths[l + 1], 10 + l), widths[l], 1};
+    biases[l] = filled(widths[l + 1], 20 + l);
+    flops += 2.0 * rows * widths[l] * widths[l + 1];
+  }
+  const op o = {.chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 3, .widths = widths,
+                          .x = {filled(rows * widths[0], 1), widths[0], 1}, .weights = weights,
+                          .biases = biases, .hidden_activation = FMLP_ACT_GELU,
+                          .final_activation = FMLP_ACT_NONE,
+                          .y = filled(rows * widths[3], 4), .y_row_stride = widths[3]},
+                .threading = &AS_FOR_TWO};
+  compare("study MLP 2048 x 768-3072-3072-768 GELU", &o, rounds, flops);
+  for (int l = 0; l < 3; ++l) free((void *)weights[l].data), free((void *)biases[l]);
+  free((void *)o.chain.x.data), free(o.chain.y);
+}
+
+static void gated_cases(int rounds) {
+  static const int64_t tokens[] = {256, 1024};
+  const int64_t dim = 768, hidden = 3072;
+  for (size_t s = 0; s < sizeof tokens / sizeof tokens[0]; ++s) {
+    const int64_t rows = tokens[s];
+    const op o = {.gated = 1,
+                  .block = {.dtype = FMLP_F32, .rows = rows, .dim = dim, .hidden = hidden,
+                            .out_dim = dim, .x = {filled(rows * dim, 1), dim, 1},
+                            .w_gate = {filled(hidden * dim, 2), dim, 1},
+                            .w_up = {filled(hidden * dim, 3), dim, 1},
+                            .w_down = {filled(dim * hidden, 4), hidden, 1},
+                            .activation = FMLP_ACT_GELU_TANH, .y = filled(rows * dim, 5),
+                            .y_row_stride = dim},
+                  .threading = rows > 512 ? &AS_FOR_TWO : NULL};
+    char what[80];
+    snprintf(what, sizeof what, "GeGLU %lld x 768-3072-768", (long long)rows);
+    compare(what, &o, rounds, 2.0 * 3 * rows * dim * hidden);
+    free((void *)o.block.x.data), free((void *)o.block.w_gate.data);
+    free((void *)o.block.w_up.data), free((void *)o.block.w_down.data), free(o.block.y);
+  }
+}
+
+int main(int argc, char **argv) {
+  int rounds = argc > 1 ? atoi(argv[1]) : 15;
+  const char *cases = argc > 2 ? argv[2] : "linear,mlp,gated";
+  if (rounds < 1) rounds = 1;
+  if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
+  printf("one thread, %d rounds, B/A of the float32 %s unit\n", rounds, STRING(ISA));
+  if (strstr(cases, "linear")) linear_cases(rounds);
+  if (strstr(cases, "mlp")) mlp_case(rounds);
+  if (strstr(cases, "gated")) gated_cases(rounds);
+  return 0;
+}

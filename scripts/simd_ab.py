@@ -1,0 +1,74 @@
+"""A/B of two builds of a float32 SIMD unit in one process (issue 18): builds
+scripts/simd_ab.c with the unit of the ISA named (avx2 or avx512) twice, A from the tree and B
+with the headers in VARIANT_DIR in place of the tree's, and times whole ops on one thread, A and
+B alternating within each round; prints the median B/A time ratio of each case with its
+quartiles. On a machine loaded by other processes, two builds timed in separate processes
+minutes apart differ by more than the few percent a kernel change moves; alternating within one
+process they see the same load:
+
+    PYTHONPATH=python python scripts/simd_ab.py ISA VARIANT_DIR [ROUNDS [CASES]]
+
+CASES: a comma-separated subset of linear,mlp,gated (default all). A header of VARIANT_DIR is
+copied beside B's copy of the unit's source, where the unit's own `#include "..."` finds it
+first; a header that another header of csrc/cpu includes (gemm.h from drivers.h) is replaced
+only together with its includer. FMLP_EXTRA_CFLAGS (split on spaces) is added to B's compile
+line only, so a macro the headers test can be the variant (VARIANT_DIR then empty)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from c_build import CPU_DIR, ISAS, kernel_unit_sources  # noqa: E402
+
+SUPPORT = sorted(p for p in CPU_DIR.glob("*.c")
+                 if p not in kernel_unit_sources() and p.name not in ("api.c", "isa.c"))
+OPTIMISE = ["-std=c11", "-O3", "-fno-math-errno", f"-I{ROOT / 'csrc' / 'include'}"]
+
+
+def unit_copy(isa: str, build: str, folder: Path, variant: Path | None) -> Path:
+    """The float32 unit of isa in folder, its symbols suffixed _build, beside variant's headers."""
+    folder.mkdir()
+    source = (CPU_DIR / f"kernels_f32_{isa}.c").read_text()
+    suffix = f"#define REAL_SUFFIX f32_{isa}"
+    if suffix not in source:
+        sys.exit(f"kernels_f32_{isa}.c does not define REAL_SUFFIX as {suffix!r}")
+    (folder / "unit.c").write_text(source.replace(suffix, f"{suffix}_{build}"))
+    if variant is not None:
+        for header in variant.glob("*.h"):
+            shutil.copy(header, folder / header.name)
+    return folder / "unit.c"
+
+
+def main() -> None:
+    if len(sys.argv) < 3 or sys.argv[1] not in ("avx2", "avx512"):
+        sys.exit(f"usage: {sys.argv[0]} {{avx2,avx512}} VARIANT_DIR [ROUNDS [CASES]]")
+    isa, variant, rest = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+    if not variant.is_dir():
+        sys.exit(f"VARIANT_DIR {variant} is not a directory")
+    flags = [*OPTIMISE, *ISAS[isa].compile_flags, f"-I{CPU_DIR}"]
+    extra = shlex.split(os.environ.get("FMLP_EXTRA_CFLAGS", ""))
+    with tempfile.TemporaryDirectory() as scratch:
+        objects = []
+        for build, headers, build_flags in (("a", None, []), ("b", variant, extra)):
+            source = unit_copy(isa, build, Path(scratch) / build, headers)
+            objects.append(str(source.with_suffix(".o")))
+            subprocess.run(["gcc", *flags, *build_flags, "-c", str(source), "-o", objects[-1]],
+                           check=True)
+        binary = Path(scratch) / "ab"
+        subprocess.run(["gcc", *OPTIMISE, f"-DISA={isa}", str(ROOT / "scripts" / "simd_ab.c"),
+                        *objects, *map(str, SUPPORT), "-lm", "-lpthread", "-o", str(binary)],
+                       check=True)
+        subprocess.run([str(binary), *rest], check=True)
+
+
+if __name__ == "__main__":
+    main()
