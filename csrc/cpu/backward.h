@@ -394,7 +394,13 @@ static int FN(few_rows_gated_fits)(const fmlp_cpu_gated_block_backward_args *a) 
  * -> 768 0.98 and 1.02, its dX 0.92 and 0.98, its dW 1.01 and 0.98; two
  * threads' wall time, GeGLU 0.90 and 0.86 (the weight-sized packs' page
  * faults gone), the chain 0.85-0.94 float32 and 0.97-1.13 bfloat16 (two
- * threads' medians were scheduler quanta). The bound is the forward's. */
+ * threads' medians were scheduler quanta). Against the build before (one
+ * process per build, alternating, one thread's CPU time, min over 3-5
+ * rounds): 512^3 chain 0.88-0.95 float32 with dX and without (each round
+ * 0.73-0.95), 0.94-0.99 bfloat16 (0.69-1.20); GeGLU 0.95 bfloat16 but 1.04
+ * float32 (each round 1.04-1.16), the one case that may lose (each 512-row
+ * chunk of its 3072-row dW repacks x's block). The bound
+ * is the forward's; 0 here restores the row split past few rows. */
 #define BACKWARD_COLUMNS_MAX_ROWS GEMM_JIT_MAX_ROWS
 
 /* A dW's rows are a layer's width, maybe thousands: a packed product takes
