@@ -1,8 +1,9 @@
 /* Backward drivers (template: see real_template.h; include after
  * drivers.h): the pointwise passes through activations, and a whole chain's
  * or gated block's gradients through the forward's GEMM core, each in one
- * parallel region: few rows split the products' columns over the threads,
- * many rows their rows. */
+ * parallel region: up to a few hundred rows split the products' columns
+ * over the threads (few rows reading their operands in place, more packing
+ * them a block at a time), more rows their rows. */
 #include <string.h>
 
 #define POINTWISE_CHUNK ((int64_t)1 << 14)
@@ -102,7 +103,8 @@ fmlp_status FN(fmlp_cpu_gated_backward)(int64_t n, const void *grad_product, con
   return FMLP_OK;
 }
 
-/* ---- many rows: every product split by rows, in one parallel region ---- */
+/* ---- many rows: every product split by rows, in one parallel region ----
+ * (past BACKWARD_COLUMNS_MAX_ROWS; the helpers below serve both splits) */
 
 static fmlp_input FN(transposed)(fmlp_input m) {
   return (fmlp_input){m.data, m.col_stride, m.row_stride};
@@ -209,13 +211,13 @@ static void FN(max_elems)(int64_t *most, int64_t elems) {
   if (*most >= 0) *most = elems < 0 ? -1 : elems > *most ? elems : *most;
 }
 
-/* The parallel region's split: threading's threads when the multiply-adds
- * pay for a fork, each with its own input pack of pack_elems (>= 0). */
-static fmlp_status FN(rows_split)(const fmlp_threading *threading, int64_t multiply_adds,
-                                  int64_t pack_elems, FN(column_split) *split) {
+/* The stages' split: threading's threads when the multiply-adds pay for a
+ * fork (from `minimum` on), each with its own scratch of pack_elems (>= 0). */
+static fmlp_status FN(backward_split)(const fmlp_threading *threading, int64_t multiply_adds,
+                                      int64_t minimum, int64_t pack_elems,
+                                      FN(column_split) *split) {
   if (pack_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
-  const int use = threading != NULL && threading->n_threads > 1 &&
-                  multiply_adds >= PARALLEL_MIN_MULTIPLY_ADDS;
+  const int use = threading != NULL && threading->n_threads > 1 && multiply_adds >= minimum;
   const int64_t n_tasks = use ? threading->n_threads : 1;
   *split = (FN(column_split)){use ? threading : NULL, NULL, pack_elems};
   split->packs = fmlp_alloc_matrices(n_tasks, 1, pack_elems, sizeof(REAL));
@@ -229,7 +231,7 @@ static void FN(run_rows_stages)(const FN(column_split) *split, int64_t n_stages,
 }
 
 #if FMLP_TRANSPOSED_KERNELS
-/* ---- a few-row chain's backward ---- */
+/* ---- few rows: products reading b in place ---- */
 
 /* Few rows make every backward product small in one dimension: dW = grad^T @ h
  * has K = rows, dX = grad @ W has `rows` rows. Both are c = a @ b with b's
@@ -357,6 +359,121 @@ static void FN(small_product_columns)(int64_t m, int64_t k, const STORE *a, int6
   }
 }
 
+
+/* Whether a chain's backward reads its products' b in place: few rows, x and
+ * the weights with unit column stride. */
+static int FN(few_rows_backward_fits)(const fmlp_cpu_chain_backward_args *a) {
+  if (a->rows > GEMM_UNPACKED_MAX_ROWS || a->x.col_stride != 1) return 0;
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    if (a->weights[l].col_stride != 1) return 0;
+  }
+  return 1;
+}
+
+static int FN(few_rows_gated_fits)(const fmlp_cpu_gated_block_backward_args *a) {
+  return a->rows <= GEMM_UNPACKED_MAX_ROWS && a->x.col_stride == 1 &&
+         a->w_gate.col_stride == 1 && a->w_up.col_stride == 1 && a->w_down.col_stride == 1;
+}
+#endif
+
+/* ---- up to a few hundred rows: products split by columns ---- */
+
+/* Up to BACKWARD_COLUMNS_MAX_ROWS rows a backward runs as the forward's
+ * single row block does: stages of one parallel region, each splitting its
+ * products' output columns over the threads, the pointwise work on a
+ * product's output following on the columns its task just wrote. Few rows
+ * read b in place (small_product_columns); more run the forward's packing
+ * and micro-kernels with b's blocks packed just in time into each task's
+ * scratch (gemm.h's weight_blocks): no weight-sized buffer, its page faults
+ * or its trip through memory, where splitting rows (below) packs each
+ * transposed weight whole for every task to read. Each task packs the whole
+ * input of its products instead. Measured on the Xeon at 256 rows against
+ * the row split (same process, alternating, backward only; machine loaded,
+ * load average 3-5 on 2 cores), column split / row split, min: one thread's
+ * CPU time, 512^3 ReLU chain 0.99 float32, 1.01 bfloat16, GeGLU 768 -> 3072
+ * -> 768 0.98 and 1.02, its dX 0.92 and 0.98, its dW 1.01 and 0.98; two
+ * threads' wall time, GeGLU 0.90 and 0.86 (the weight-sized packs' page
+ * faults gone), the chain 0.85-0.94 float32 and 0.97-1.13 bfloat16 (two
+ * threads' medians were scheduler quanta). Against the build before (one
+ * process per build, alternating, one thread's CPU time, min over 3-5
+ * rounds): 512^3 chain 0.88-0.95 float32 with dX and without (each round
+ * 0.73-0.95), 0.94-0.99 bfloat16 (0.69-1.20); GeGLU 0.95 bfloat16 but 1.04
+ * float32 (each round 1.04-1.16), the one case that may lose (each 512-row
+ * chunk of its 3072-row dW repacks x's block). The bound
+ * is the forward's; 0 here restores the row split past few rows. */
+#define BACKWARD_COLUMNS_MAX_ROWS GEMM_JIT_MAX_ROWS
+
+/* A dW's rows are a layer's width, maybe thousands: a packed product takes
+ * its rows in chunks of up to this many, each one input block (for_each_tile
+ * packs all the rows it is given before the weight blocks sweep them), so
+ * the block stays near the L2 as in the forward's row block. */
+#define BACKWARD_ROW_CHUNK GEMM_JIT_MAX_ROWS
+
+/* Where a column-split backward's products find b: weight_block_at < 0, in
+ * place (few rows); else packed a block at a time into each task's scratch,
+ * weight_block_at elements in. */
+static int64_t FN(column_unit)(int64_t weight_block_at) {
+#if FMLP_TRANSPOSED_KERNELS
+  if (weight_block_at < 0) return FMLP_SIMD_WIDTH;
+#endif
+  (void)weight_block_at;
+  return GEMM_NR; /* whole panels of the packed b */
+}
+
+/* c[m, n] (row stride ldc) = a[m, k] @ b[k, n] for columns [j0, j0 + count):
+ * each element sums over K in the same blocks whichever task computes it, so
+ * gradients do not depend on the thread count. */
+static void FN(product_columns)(int64_t weight_block_at, int64_t m, int64_t k, fmlp_input a,
+                                fmlp_input b, int64_t n, STORE *c, int64_t ldc, int64_t j0,
+                                int64_t count, REAL *task_pack) {
+#if FMLP_TRANSPOSED_KERNELS
+  if (weight_block_at < 0) {
+    FN(small_product_columns)(m, k, a.data, a.row_stride, a.col_stride, b.data, b.row_stride, c,
+                              ldc, j0, count);
+    return;
+  }
+#endif
+  const FN(packed_weight) w = {.data = NULL, .source = FN(transposed)(b), .n = n, .k = k};
+  for (int64_t i = 0; i < m; i += BACKWARD_ROW_CHUNK) {
+    const int64_t rows = m - i < BACKWARD_ROW_CHUNK ? m - i : BACKWARD_ROW_CHUNK;
+    const fmlp_input x = {(const STORE *)a.data + i * a.row_stride, a.row_stride, a.col_stride};
+    FN(gemm_rows_columns)(x, NULL, rows, &w, j0, count, NULL, FMLP_ACT_NONE,
+                          (FN(product_out)){.c = c + i * ldc, .ldc = ldc}, task_pack,
+                          FN(weight_block_in)(task_pack, weight_block_at));
+  }
+}
+
+/* A task's scratch for packed products: the largest input pack and weight
+ * block of any of them (see product_columns). */
+typedef struct {
+  int64_t input, block;
+} FN(pack_need);
+
+static void FN(need_product)(FN(pack_need) *need, int64_t m, int64_t k) {
+  const int64_t rows = m < BACKWARD_ROW_CHUNK ? m : BACKWARD_ROW_CHUNK;
+  FN(max_elems)(&need->input, FN(input_pack_elems)(rows, k));
+  FN(max_elems)(&need->input, FN(whole_input_pack_elems)(rows, k));
+  FN(max_elems)(&need->block, FN(weight_block_elems)(k, 1));
+}
+
+/* Elements of a task's scratch for `need`, its weight block starting
+ * *weight_block_at elements in; whole cache lines, so that tasks' scratch
+ * never shares one; -1 on overflow. */
+static int64_t FN(pack_need_elems)(const FN(pack_need) *need, int64_t *weight_block_at) {
+  int64_t at, total;
+  if (need->input < 0 || need->block < 0 ||
+      !fmlp_checked_add(need->input, CACHE_LINE_REALS - 1, &at)) {
+    return -1;
+  }
+  at = at / CACHE_LINE_REALS * CACHE_LINE_REALS;
+  if (!fmlp_checked_add(at, need->block, &total) ||
+      !fmlp_checked_add(total, CACHE_LINE_REALS - 1, &total)) {
+    return -1;
+  }
+  *weight_block_at = at;
+  return total / CACHE_LINE_REALS * CACHE_LINE_REALS;
+}
+
 /* sums[j] = sum over rows of m[r, j] (row order, in REAL) for j in
  * [j0, j0 + count), m rows x width contiguous; nothing for sums NULL. */
 #define COLUMN_SUMS_SPAN 64
@@ -374,16 +491,17 @@ static void FN(column_sums_slice)(const STORE *m, int64_t rows, int64_t width, i
   }
 }
 
-/* A few-row chain's backward: grad_pre[l] is where layer l's grad * act'(pre)
- * lies (grad_y itself for a top layer without activation; else one of two
- * rows x max-width scratch matrices, alternating downwards). */
+/* A column-split chain backward: grad_pre[l] is where layer l's grad *
+ * act'(pre) lies (grad_y itself for a top layer without activation; else one
+ * of two rows x max-width scratch matrices, alternating downwards). */
 typedef struct {
   const fmlp_cpu_chain_backward_args *args;
   STORE *scratch;
   int64_t max_width;
-} FN(few_rows_backward);
+  int64_t weight_block_at; /* see column_unit */
+} FN(columns_backward);
 
-static STORE *FN(few_rows_grad_pre)(const FN(few_rows_backward) *bw, int64_t l) {
+static STORE *FN(columns_grad_pre)(const FN(columns_backward) *bw, int64_t l) {
   const fmlp_cpu_chain_backward_args *a = bw->args;
   const int64_t top = a->n_layers - 1;
   if (l == top && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y;
@@ -393,13 +511,13 @@ static STORE *FN(few_rows_grad_pre)(const FN(few_rows_backward) *bw, int64_t l) 
 /* Columns [j0, j0 + count) of layer l's grad_pre, from its grad (in grad_pre
  * already, or grad_y for the top layer) and its bias gradient's columns:
  * sums over rows in row order. */
-static void FN(finish_grad_pre_columns)(const FN(few_rows_backward) *bw, int64_t l,
+static void FN(finish_grad_pre_columns)(const FN(columns_backward) *bw, int64_t l,
                                         const STORE *grad, int64_t j0, int64_t count) {
   const fmlp_cpu_chain_backward_args *a = bw->args;
   const int64_t rows = a->rows, width = a->widths[l + 1];
   const fmlp_activation activation =
       l == a->n_layers - 1 ? a->final_activation : a->hidden_activation;
-  STORE *grad_pre = FN(few_rows_grad_pre)(bw, l);
+  STORE *grad_pre = FN(columns_grad_pre)(bw, l);
   if (activation != FMLP_ACT_NONE) {
     const STORE *pre = a->saved_pre[l];
     for (int64_t r = 0; r < rows; ++r) {
@@ -415,7 +533,7 @@ static void FN(finish_grad_pre_columns)(const FN(few_rows_backward) *bw, int64_t
  * activation, as the layers below read it whole. Without one, grad_pre is
  * grad_y and the top bias's sums ride along the top layer's products' stage,
  * a barrier fewer. */
-static int64_t FN(few_rows_top_stages)(const fmlp_cpu_chain_backward_args *a) {
+static int64_t FN(columns_top_stages)(const fmlp_cpu_chain_backward_args *a) {
   return a->final_activation != FMLP_ACT_NONE;
 }
 
@@ -424,160 +542,170 @@ static int64_t FN(few_rows_top_stages)(const fmlp_cpu_chain_backward_args *a) {
  * dW_l's columns, then dX's, finished into the layer below's grad_pre; the
  * top layer's stage also sums a share of its bias's columns when it had no
  * stage 0. */
-static void FN(few_rows_backward_part)(const void *block, int64_t stage, int64_t task,
-                                       int64_t n_tasks, REAL *unused) {
-  (void)unused;
-  const FN(few_rows_backward) *bw = block;
+static void FN(columns_backward_part)(const void *block, int64_t stage, int64_t task,
+                                      int64_t n_tasks, REAL *task_pack) {
+  const FN(columns_backward) *bw = block;
   const fmlp_cpu_chain_backward_args *a = bw->args;
-  const int64_t rows = a->rows, top = a->n_layers - 1, top_stages = FN(few_rows_top_stages)(a);
+  const int64_t rows = a->rows, top = a->n_layers - 1, top_stages = FN(columns_top_stages)(a);
+  const int64_t unit = FN(column_unit)(bw->weight_block_at);
   int64_t j0, count;
   if (stage == 0) {
-    FN(even_split)(a->widths[top + 1], FMLP_SIMD_WIDTH, n_tasks, task, &j0, &count);
+    FN(even_split)(a->widths[top + 1], unit, n_tasks, task, &j0, &count);
     if (count > 0) FN(finish_grad_pre_columns)(bw, top, a->grad_y, j0, count);
     if (top_stages > 0) return;
   }
   const int64_t l = top - (stage - top_stages), width = a->widths[l + 1], k = a->widths[l];
-  FN(even_split)(k, FMLP_SIMD_WIDTH, n_tasks, task, &j0, &count);
+  FN(even_split)(k, unit, n_tasks, task, &j0, &count);
   if (count == 0) return;
-  const STORE *grad_pre = FN(few_rows_grad_pre)(bw, l);
+  const fmlp_input grad_pre = {FN(columns_grad_pre)(bw, l), width, 1};
   if (a->grad_weights[l] != NULL) {
-    const STORE *input = l == 0 ? a->x.data : a->saved_hidden[l - 1];
-    const int64_t input_stride = l == 0 ? a->x.row_stride : k;
-    FN(small_product_columns)(width, rows, grad_pre, 1, width, input, input_stride,
-                              a->grad_weights[l], k, j0, count);
+    const fmlp_input input = l == 0 ? a->x : (fmlp_input){a->saved_hidden[l - 1], k, 1};
+    FN(product_columns)(bw->weight_block_at, width, rows, FN(transposed)(grad_pre), input, k,
+                        a->grad_weights[l], k, j0, count, task_pack);
   }
-  STORE *grad_below = l > 0 ? FN(few_rows_grad_pre)(bw, l - 1) : a->grad_x;
+  STORE *grad_below = l > 0 ? FN(columns_grad_pre)(bw, l - 1) : a->grad_x;
   if (grad_below == NULL) return;
-  FN(small_product_columns)(rows, width, grad_pre, width, 1, a->weights[l].data,
-                            a->weights[l].row_stride, grad_below, k, j0, count);
+  FN(product_columns)(bw->weight_block_at, rows, width, grad_pre, a->weights[l], k, grad_below,
+                      k, j0, count, task_pack);
   if (l > 0) FN(finish_grad_pre_columns)(bw, l - 1, grad_below, j0, count);
 }
 
-/* Whether the few-row backward takes this chain: few rows, and x and the
- * weights with unit column stride (read in place). */
-static int FN(few_rows_backward_fits)(const fmlp_cpu_chain_backward_args *a) {
-  if (a->rows > GEMM_UNPACKED_MAX_ROWS || a->x.col_stride != 1) return 0;
-  for (int64_t l = 0; l < a->n_layers; ++l) {
-    if (a->weights[l].col_stride != 1) return 0;
-  }
-  return 1;
-}
-
-static fmlp_status FN(chain_backward_few_rows)(const fmlp_cpu_chain_backward_args *a,
-                                               const fmlp_threading *threading) {
-  FN(few_rows_backward) bw = {.args = a};
+/* A chain's backward over up to BACKWARD_COLUMNS_MAX_ROWS rows; few_rows:
+ * its products read b in place (few_rows_backward_fits). */
+static fmlp_status FN(chain_backward_columns)(const fmlp_cpu_chain_backward_args *a,
+                                              int few_rows, const fmlp_threading *threading) {
+  const int64_t rows = a->rows;
+  FN(columns_backward) bw = {.args = a, .weight_block_at = -1};
+  FN(pack_need) need = {0, 0};
   /* multiply-adds, saturating: they only choose whether to split */
   int64_t multiply_adds = 0;
   for (int64_t l = 0; l < a->n_layers; ++l) {
-    if (a->widths[l + 1] > bw.max_width) bw.max_width = a->widths[l + 1];
+    const int64_t width = a->widths[l + 1], k = a->widths[l];
+    if (width > bw.max_width) bw.max_width = width;
     int64_t layer;
-    if (!fmlp_checked_mul(2 * a->rows * a->widths[l], a->widths[l + 1], &layer) ||
+    if (!fmlp_checked_mul(2 * rows * k, width, &layer) ||
         !fmlp_checked_add(multiply_adds, layer, &multiply_adds)) {
       multiply_adds = INT64_MAX;
     }
+    FN(need_product)(&need, width, rows); /* dW */
+    FN(need_product)(&need, rows, width); /* dX */
+    if (a->grad_weights[l] != NULL) FN(advise_output)(a->grad_weights[l], width, k, k);
   }
-  bw.scratch = fmlp_alloc_matrices(2, a->rows, bw.max_width, sizeof(STORE));
-  if (bw.scratch == NULL) return FMLP_ERR_OUT_OF_MEMORY;
-  /* the column split's one parallel region, as the forward's few rows */
-  REAL no_pack[1];
-  const int split = threading != NULL && threading->n_threads > 1 &&
-                    multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
-  const FN(column_split) columns = {split ? threading : NULL, no_pack, 0};
-  FN(run_column_stages)(&columns, FN(few_rows_top_stages)(a) + a->n_layers,
-                        FN(few_rows_backward_part), &bw, no_pack);
+  const int64_t pack_elems = few_rows ? 0 : FN(pack_need_elems)(&need, &bw.weight_block_at);
+  FN(column_split) split = {NULL, NULL, 0};
+  fmlp_status status = FN(backward_split)(threading, multiply_adds,
+                                          COLUMN_SPLIT_MIN_MULTIPLY_ADDS, pack_elems, &split);
+  bw.scratch = fmlp_alloc_matrices(2, rows, bw.max_width, sizeof(STORE));
+  if (status == FMLP_OK && bw.scratch == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
+  if (status == FMLP_OK) {
+    FN(run_column_stages)(&split, FN(columns_top_stages)(a) + a->n_layers,
+                          FN(columns_backward_part), &bw, split.packs);
+  }
   free(bw.scratch);
-  return FMLP_OK;
+  free(split.packs);
+  return status;
 }
 
-/* A few-row gated block's backward in one column-split region. Stage 0,
- * over hidden columns: grad_W_down's and grad_product's, turned into
- * grad_gate and grad_up with their bias sums. Stage 1, over dim columns:
- * grad_W_gate's, grad_W_up's and grad_x's (from_up: grad_up @ W_up, added). */
+/* A column-split gated block's backward. Stage 0, over out_dim columns:
+ * grad_b_down's; over hidden columns: grad_W_down's and grad_product's,
+ * turned into grad_gate and grad_up with their bias sums. Stage 1, over dim
+ * columns: grad_W_gate's, grad_W_up's and grad_x's (from_up: grad_up @ W_up,
+ * added). */
 typedef struct {
   const fmlp_cpu_gated_block_backward_args *args;
   STORE *grad_gate, *grad_up, *from_up;
-} FN(few_rows_gated_backward);
+  int64_t weight_block_at; /* see column_unit */
+} FN(columns_gated_backward);
 
-static void FN(few_rows_gated_part)(const void *block, int64_t stage, int64_t task,
-                                    int64_t n_tasks, REAL *unused) {
-  (void)unused;
-  const FN(few_rows_gated_backward) *bw = block;
+static void FN(columns_gated_part)(const void *block, int64_t stage, int64_t task,
+                                   int64_t n_tasks, REAL *task_pack) {
+  const FN(columns_gated_backward) *bw = block;
   const fmlp_cpu_gated_block_backward_args *a = bw->args;
   const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
+  const int64_t at = bw->weight_block_at, unit = FN(column_unit)(at);
   int64_t j0, count;
-  FN(even_split)(stage == 0 ? h : dim, FMLP_SIMD_WIDTH, n_tasks, task, &j0, &count);
-  if (count == 0) return;
   if (stage == 0) {
+    FN(even_split)(out, unit, n_tasks, task, &j0, &count);
+    FN(column_sums_slice)(a->grad_y, rows, out, j0, count, a->grad_bias_down);
+    FN(even_split)(h, unit, n_tasks, task, &j0, &count);
+    if (count == 0) return;
+    const fmlp_input grad_y = {a->grad_y, out, 1};
     if (a->grad_w_down != NULL) {
-      FN(small_product_columns)(out, rows, a->grad_y, 1, out, a->saved_product, h,
-                                a->grad_w_down, h, j0, count);
+      FN(product_columns)(at, out, rows, FN(transposed)(grad_y),
+                          (fmlp_input){a->saved_product, h, 1}, h, a->grad_w_down, h, j0, count,
+                          task_pack);
     }
-    FN(small_product_columns)(rows, out, a->grad_y, out, 1, a->w_down.data,
-                              a->w_down.row_stride, bw->grad_gate, h, j0, count);
+    FN(product_columns)(at, rows, out, grad_y, a->w_down, h, bw->grad_gate, h, j0, count,
+                        task_pack);
     const STORE *gate = a->saved_gate, *up = a->saved_up;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t at = r * h + j0;
-      FN(gated_grads_span)(bw->grad_gate + at, gate + at, up + at, count, a->activation,
-                           bw->grad_gate + at, bw->grad_up + at);
+      const int64_t i = r * h + j0;
+      FN(gated_grads_span)(bw->grad_gate + i, gate + i, up + i, count, a->activation,
+                           bw->grad_gate + i, bw->grad_up + i);
     }
     FN(column_sums_slice)(bw->grad_gate, rows, h, j0, count, a->grad_bias_gate);
     FN(column_sums_slice)(bw->grad_up, rows, h, j0, count, a->grad_bias_up);
     return;
   }
-  const STORE *x = a->x.data;
+  FN(even_split)(dim, unit, n_tasks, task, &j0, &count);
+  if (count == 0) return;
+  const fmlp_input grad_gate = {bw->grad_gate, h, 1}, grad_up = {bw->grad_up, h, 1};
   if (a->grad_w_gate != NULL) {
-    FN(small_product_columns)(h, rows, bw->grad_gate, 1, h, x, a->x.row_stride,
-                              a->grad_w_gate, dim, j0, count);
+    FN(product_columns)(at, h, rows, FN(transposed)(grad_gate), a->x, dim, a->grad_w_gate, dim,
+                        j0, count, task_pack);
   }
   if (a->grad_w_up != NULL) {
-    FN(small_product_columns)(h, rows, bw->grad_up, 1, h, x, a->x.row_stride, a->grad_w_up,
-                              dim, j0, count);
+    FN(product_columns)(at, h, rows, FN(transposed)(grad_up), a->x, dim, a->grad_w_up, dim, j0,
+                        count, task_pack);
   }
   if (a->grad_x == NULL) return;
   STORE *grad_x = a->grad_x;
-  FN(small_product_columns)(rows, h, bw->grad_gate, h, 1, a->w_gate.data,
-                            a->w_gate.row_stride, grad_x, dim, j0, count);
-  FN(small_product_columns)(rows, h, bw->grad_up, h, 1, a->w_up.data, a->w_up.row_stride,
-                            bw->from_up, dim, j0, count);
+  FN(product_columns)(at, rows, h, grad_gate, a->w_gate, dim, grad_x, dim, j0, count,
+                      task_pack);
+  FN(product_columns)(at, rows, h, grad_up, a->w_up, dim, bw->from_up, dim, j0, count,
+                      task_pack);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = j0; j < j0 + count; ++j) {
-      grad_x[r * dim + j] = to_store(to_real(grad_x[r * dim + j]) + to_real(bw->from_up[r * dim + j]));
+      grad_x[r * dim + j] =
+          to_store(to_real(grad_x[r * dim + j]) + to_real(bw->from_up[r * dim + j]));
     }
   }
 }
 
-static int FN(few_rows_gated_fits)(const fmlp_cpu_gated_block_backward_args *a) {
-  return a->rows <= GEMM_UNPACKED_MAX_ROWS && a->x.col_stride == 1 &&
-         a->w_gate.col_stride == 1 && a->w_up.col_stride == 1 && a->w_down.col_stride == 1;
-}
-
-static fmlp_status FN(gated_backward_few_rows)(const fmlp_cpu_gated_block_backward_args *a,
-                                               const fmlp_threading *threading) {
-  const int64_t rows = a->rows, h = a->hidden;
-  fmlp_status status = FMLP_OK;
-  FN(column_sums_slice)(a->grad_y, rows, a->out_dim, 0, a->out_dim, a->grad_bias_down);
-  FN(few_rows_gated_backward) bw = {.args = a};
+/* A gated block's backward over up to BACKWARD_COLUMNS_MAX_ROWS rows;
+ * few_rows: its products read b in place (few_rows_gated_fits). */
+static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backward_args *a,
+                                              int few_rows, const fmlp_threading *threading) {
+  const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
+  FN(columns_gated_backward) bw = {.args = a, .weight_block_at = -1};
+  FN(pack_need) need = {0, 0};
+  FN(need_product)(&need, out, rows); /* grad_W_down */
+  FN(need_product)(&need, rows, out); /* grad_product */
+  FN(need_product)(&need, h, rows);   /* grad_W_gate, grad_W_up */
+  FN(need_product)(&need, rows, h);   /* grad_x, from_up */
+  int64_t multiply_adds;
+  if (!fmlp_checked_mul(2 * rows * h, 2 * dim + out, &multiply_adds)) multiply_adds = INT64_MAX;
+  FN(advise_output)(a->grad_w_gate, h, dim, dim);
+  FN(advise_output)(a->grad_w_up, h, dim, dim);
+  FN(advise_output)(a->grad_w_down, out, h, h);
+  const int64_t pack_elems = few_rows ? 0 : FN(pack_need_elems)(&need, &bw.weight_block_at);
+  FN(column_split) split = {NULL, NULL, 0};
+  fmlp_status status = FN(backward_split)(threading, multiply_adds,
+                                          COLUMN_SPLIT_MIN_MULTIPLY_ADDS, pack_elems, &split);
   bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
-  bw.from_up = fmlp_alloc_matrices(1, rows, a->dim, sizeof(STORE));
-  if (bw.grad_gate != NULL && bw.from_up != NULL) {
-    bw.grad_up = bw.grad_gate + rows * h;
-    int64_t multiply_adds;
-    if (!fmlp_checked_mul(2 * rows * h, 2 * a->dim + a->out_dim, &multiply_adds)) {
-      multiply_adds = INT64_MAX;
-    }
-    REAL no_pack[1];
-    const int split = threading != NULL && threading->n_threads > 1 &&
-                      multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
-    const FN(column_split) columns = {split ? threading : NULL, no_pack, 0};
-    FN(run_column_stages)(&columns, 2, FN(few_rows_gated_part), &bw, no_pack);
-  } else {
+  bw.from_up = fmlp_alloc_matrices(1, rows, dim, sizeof(STORE));
+  if (status == FMLP_OK && (bw.grad_gate == NULL || bw.from_up == NULL)) {
     status = FMLP_ERR_OUT_OF_MEMORY;
   }
-  free(bw.grad_gate);
+  if (status == FMLP_OK) {
+    bw.grad_up = bw.grad_gate + rows * h;
+    FN(run_column_stages)(&split, 2, FN(columns_gated_part), &bw, split.packs);
+  }
   free(bw.from_up);
+  free(bw.grad_gate);
+  free(split.packs);
   return status;
 }
-#endif
 
 /* ---- a chain's backward ---- */
 
@@ -708,7 +836,8 @@ static fmlp_status FN(chain_backward_rows)(const fmlp_cpu_chain_backward_args *a
       FN(max_elems)(&input_pack, FN(product_input_pack)(&bw.dw[l]));
       FN(max_elems)(&input_pack, FN(product_input_pack)(&bw.dx[l]));
     }
-    status = FN(rows_split)(threading, multiply_adds, input_pack, &split);
+    status = FN(backward_split)(threading, multiply_adds, PARALLEL_MIN_MULTIPLY_ADDS, input_pack,
+                                 &split);
   }
   if (status == FMLP_OK) {
     FN(run_rows_stages)(&split, 2 * n_layers + 2, FN(rows_backward_part), &bw);
@@ -724,8 +853,9 @@ static fmlp_status FN(chain_backward_rows)(const fmlp_cpu_chain_backward_args *a
 fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
                                         const fmlp_threading *threading) {
 #if FMLP_TRANSPOSED_KERNELS
-  if (FN(few_rows_backward_fits)(a)) return FN(chain_backward_few_rows)(a, threading);
+  if (FN(few_rows_backward_fits)(a)) return FN(chain_backward_columns)(a, 1, threading);
 #endif
+  if (a->rows <= BACKWARD_COLUMNS_MAX_ROWS) return FN(chain_backward_columns)(a, 0, threading);
   return FN(chain_backward_rows)(a, threading);
 }
 
@@ -871,7 +1001,8 @@ static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_a
     for (size_t p = 0; p < sizeof(products) / sizeof(*products); ++p) {
       FN(max_elems)(&input_pack, FN(product_input_pack)(products[p]));
     }
-    status = FN(rows_split)(threading, multiply_adds, input_pack, &split);
+    status = FN(backward_split)(threading, multiply_adds, PARALLEL_MIN_MULTIPLY_ADDS, input_pack,
+                                 &split);
   }
   if (status == FMLP_OK) FN(run_rows_stages)(&split, 10, FN(rows_gated_part), &bw);
   free(split.packs);
@@ -885,7 +1016,8 @@ static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_a
 fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backward_args *a,
                                               const fmlp_threading *threading) {
 #if FMLP_TRANSPOSED_KERNELS
-  if (FN(few_rows_gated_fits)(a)) return FN(gated_backward_few_rows)(a, threading);
+  if (FN(few_rows_gated_fits)(a)) return FN(gated_backward_columns)(a, 1, threading);
 #endif
+  if (a->rows <= BACKWARD_COLUMNS_MAX_ROWS) return FN(gated_backward_columns)(a, 0, threading);
   return FN(gated_backward_rows)(a, threading);
 }
