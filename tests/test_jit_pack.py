@@ -1,8 +1,10 @@
 """Ops of up to GEMM_JIT_MAX_ROWS rows (csrc/cpu/drivers.h) run as one row block whose
 products split their columns over the threads and pack each weight block just before its
-tiles use it; past the bound, the weights are packed whole ahead and rows split in blocks.
-Both sides of the bound, odd widths, K past one K block, strided inputs and weights, every
-dtype and instruction set, one and two threads, against float64 references."""
+tiles use it; past the few rows that read weights in place, the threads pack each product's
+input once between them and share it. Past the bound, the weights are packed whole ahead
+and rows split in blocks. Both sides of the bound, odd widths, K past one K block, strided
+inputs and weights, every dtype and instruction set, one and two threads, against float64
+references."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ JIT_MAX_ROWS = 512  # GEMM_JIT_MAX_ROWS in csrc/cpu/drivers.h
 # sides of the bound
 ROWS = (65, JIT_MAX_ROWS - 1, JIT_MAX_ROWS, JIT_MAX_ROWS + 1)
 DIM = 600  # past one K block: float32 cuts K in blocks of at most ~512
+GATED_DIM = 1100  # past one K block of gate and up together (float32: 1024 on this Xeon)
 WIDTHS = (DIM, 97, 130, 33)  # odd widths: edge panels and tiles
 
 
@@ -67,19 +70,20 @@ def test_chain_around_the_bound(isa, dtype, threads, rows, generator):
     assert_matches_reference(y.detach(), expected)
 
 
-def test_gated_around_the_bound(isa, dtype, threads, rows, generator):
+@pytest.mark.parametrize("dim", [DIM, GATED_DIM])
+def test_gated_around_the_bound(isa, dtype, threads, rows, dim, generator):
     torch.set_num_threads(threads)
     hidden = 97
-    x64 = rand(rows, DIM, generator=generator)
+    x64 = rand(rows, dim, generator=generator)
     w64 = [
-        rand(hidden, DIM, generator=generator, scale=DIM**-0.5),
-        rand(hidden, DIM, generator=generator, scale=DIM**-0.5),
-        rand(DIM, hidden, generator=generator, scale=hidden**-0.5),
+        rand(hidden, dim, generator=generator, scale=dim**-0.5),
+        rand(hidden, dim, generator=generator, scale=dim**-0.5),
+        rand(dim, hidden, generator=generator, scale=hidden**-0.5),
     ]
     b64 = [
         rand(hidden, generator=generator),
         rand(hidden, generator=generator),
-        rand(DIM, generator=generator),
+        rand(dim, generator=generator),
     ]
     x = strided_rows(x64.to(dtype))
     w = [t.to(dtype) for t in w64]

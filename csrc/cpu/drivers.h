@@ -135,10 +135,11 @@ static int64_t FN(jit_block_elems)(const FN(packed_weight) *w, int64_t rows, int
 }
 
 /* Elements of one task's scratch for products over up to `rows` rows and K
- * up to max_k, with weight blocks of up to block_elems elements (the
- * largest jit_block_elems of its products; 0: none packed just in time)
- * starting *weight_block_at elements in (-1: none); -1 on overflow. Whole
- * cache lines, so that tasks' scratch never shares one. */
+ * up to max_k (0: their inputs packed whole and shared, shares_input), with
+ * weight blocks of up to block_elems elements (the largest jit_block_elems
+ * of its products; 0: none packed just in time) starting *weight_block_at
+ * elements in (-1: none); -1 on overflow. Whole cache lines, so that
+ * tasks' scratch never shares one. */
 static int64_t FN(task_pack_elems)(int64_t rows, int64_t max_k, int64_t block_elems,
                                    int64_t *weight_block_at) {
   int64_t at = FN(input_pack_elems)(rows, max_k), total;
@@ -268,20 +269,57 @@ typedef struct {
   int64_t pack_elems;
 } FN(column_split);
 
+/* Whether an op partitioned into `blocks` with weight_elems multiply-adds a
+ * row splits its one row block's products by columns over threading. */
+static int FN(splits_columns)(const FN(row_blocks) *blocks, int64_t weight_elems,
+                              const fmlp_threading *threading) {
+  int64_t multiply_adds;
+  if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
+  return blocks->n_blocks == 1 && FN(packs_just_in_time)(blocks->rows) && threading != NULL &&
+         threading->n_threads > 1 && multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
+}
+
+/* Whether a row block of `rows` rows whose products are split by columns
+ * (`split`) packs each product's input once, shared by the tasks: each task
+ * packs its share of the input's panels in a stage of its own before the
+ * product (shared_input), where otherwise every task packs the whole input
+ * for its columns (2 threads pack it twice; 256 x 3072 bfloat16 is 1.5 MB).
+ * Few rows read their weights in place and pack no input. */
+static int FN(shares_input)(int split, int64_t rows) {
+  return split && rows > GEMM_UNPACKED_MAX_ROWS;
+}
+
+/* Allocates a shared input of `elems` elements for an op whose inputs are
+ * shared (shares_input), else sets *shared NULL. */
+static fmlp_status FN(alloc_shared_input)(int share, int64_t elems, REAL **shared) {
+  *shared = NULL;
+  if (!share) return FMLP_OK;
+  if (elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
+  *shared = fmlp_alloc_scratch(elems, sizeof(REAL));
+  return *shared != NULL ? FMLP_OK : FMLP_ERR_OUT_OF_MEMORY;
+}
+
+/* Task `task` of n_tasks's share of the panels of `in` packed whole for a
+ * product of `weights` weights over K = k (shared_input_elems) into shared. */
+static void FN(pack_shared_input_part)(fmlp_input in, int64_t rows, int64_t k, int64_t weights,
+                                       int64_t task, int64_t n_tasks, REAL *shared) {
+  int64_t first, count;
+  FN(even_split)(FN(shared_input_units)(rows, k, weights), 1, n_tasks, task, &first, &count);
+  for (int64_t unit = first; unit < first + count; ++unit) {
+    FN(pack_shared_input_panel)(in, rows, k, weights, unit, shared);
+  }
+}
+
 /* The split for an op partitioned into `blocks` (input_pack_elems set) with
- * weight_elems multiply-adds a row. Split, its tasks pack into the split's
- * scratch, so the row block takes none (blocks->input_pack_elems 0). */
+ * weight_elems multiply-adds a row (see splits_columns). Split, its tasks
+ * pack into the split's scratch, so the row block takes none
+ * (blocks->input_pack_elems 0). */
 static fmlp_status FN(column_split_for)(FN(row_blocks) *blocks, int64_t weight_elems,
                                         const fmlp_threading *threading,
                                         FN(column_split) *split) {
   *split = (FN(column_split)){NULL, NULL, 0};
   if (blocks->input_pack_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
-  int64_t multiply_adds;
-  if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
-  if (blocks->n_blocks != 1 || !FN(packs_just_in_time)(blocks->rows) || threading == NULL ||
-      threading->n_threads <= 1 || multiply_adds < COLUMN_SPLIT_MIN_MULTIPLY_ADDS) {
-    return FMLP_OK;
-  }
+  if (!FN(splits_columns)(blocks, weight_elems, threading)) return FMLP_OK;
   split->pack_elems = blocks->input_pack_elems;
   split->packs = fmlp_alloc_matrices(threading->n_threads, 1, split->pack_elems, sizeof(REAL));
   if (split->packs == NULL) return FMLP_ERR_OUT_OF_MEMORY;
@@ -301,8 +339,10 @@ static void FN(column_part)(const FN(packed_weight) *w, int64_t rows, int64_t ta
 }
 
 /* gemm_rows_packing for output columns [j0, j0 + count) (see column_part),
- * from `in` or, when set, from in_lanes (see lanes_width). */
-static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t rows,
+ * from `in` or, when set, from in_lanes (see lanes_width); packed_x: `in`
+ * packed whole (gemm_rows_shared) or NULL. */
+static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, const REAL *packed_x,
+                                  int64_t rows,
                                   const FN(packed_weight) *w, int64_t j0, int64_t count,
                                   const STORE *bias, fmlp_activation activation,
                                   FN(product_out) out, REAL *input_pack, REAL *weight_block) {
@@ -324,19 +364,20 @@ static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t r
 #else
   (void)in_lanes; /* lanes only come with the SIMD kernels */
 #endif
-  FN(gemm_rows_packing)(in, rows, &part, part_bias, activation, out.c + j0, out.ldc, part_pre,
-                        out.pre_stride, input_pack, weight_block);
+  FN(gemm_rows_shared)(in, packed_x, rows, &part, part_bias, activation, out.c + j0, out.ldc,
+                       part_pre, out.pre_stride, input_pack, weight_block);
 }
 
 /* gemm_rows_columns for task `task` of n_tasks's share of the output columns. */
-static void FN(gemm_rows_part)(fmlp_input in, const REAL *in_lanes, int64_t rows,
+static void FN(gemm_rows_part)(fmlp_input in, const REAL *in_lanes, const REAL *packed_x,
+                               int64_t rows,
                                const FN(packed_weight) *w, const STORE *bias,
                                fmlp_activation activation, FN(product_out) out, int64_t task,
                                int64_t n_tasks, REAL *input_pack, REAL *weight_block) {
   int64_t j0, count;
   FN(column_part)(w, rows, task, n_tasks, &j0, &count);
-  FN(gemm_rows_columns)(in, in_lanes, rows, w, j0, count, bias, activation, out, input_pack,
-                        weight_block);
+  FN(gemm_rows_columns)(in, in_lanes, packed_x, rows, w, j0, count, bias, activation, out,
+                        input_pack, weight_block);
 }
 
 /* Part `task` of n_tasks of stage `stage` of a row block's products. */
@@ -396,6 +437,7 @@ typedef struct {
   int64_t scratch_rows, max_hidden;
   int64_t weight_block_at; /* in a task's input pack (task_pack_elems) */
   FN(column_split) split;
+  REAL *shared_input; /* each layer's input packed whole (shares_input), or NULL */
 } FN(chain_job);
 
 /* One row block of a chain: its rows and where each layer's output goes. */
@@ -439,12 +481,14 @@ static STORE *FN(chain_output)(const FN(chain_rows) *b, int64_t l, int64_t *ldc)
   return b->ping_pong[l % 2];
 }
 
-/* Stage l: task `task`'s columns of layer l. */
-static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int64_t n_tasks,
-                                 REAL *input_pack) {
+/* Stage l: task `task`'s columns of layer l; with a shared input, stage 2l
+ * its share of packing layer l's input and stage 2l + 1 its columns. */
+static void FN(chain_layer_part)(const void *block, int64_t stage, int64_t task,
+                                 int64_t n_tasks, REAL *input_pack) {
   const FN(chain_rows) *b = block;
   const fmlp_cpu_chain_args *a = b->job->args;
-  const int64_t width = a->widths[l + 1];
+  REAL *shared = b->job->shared_input;
+  const int64_t l = shared != NULL ? stage / 2 : stage, width = a->widths[l + 1];
   fmlp_input in = {(const STORE *)a->x.data + b->r0 * a->x.row_stride, a->x.row_stride,
                    a->x.col_stride};
   const REAL *in_lanes = NULL;
@@ -454,6 +498,10 @@ static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int
     int64_t in_stride;
     in = (fmlp_input){FN(chain_output)(b, l - 1, &in_stride), in_stride, 1};
   }
+  if (shared != NULL && stage % 2 == 0) {
+    FN(pack_shared_input_part)(in, b->rows, a->widths[l], 1, task, n_tasks, shared);
+    return;
+  }
   FN(product_out) out = {
       .pre = a->saved_pre != NULL ? FN(rows_at)(a->saved_pre[l], b->r0, width) : NULL,
       .pre_stride = width};
@@ -462,7 +510,7 @@ static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int
   } else {
     out.c = FN(chain_output)(b, l, &out.ldc);
   }
-  FN(gemm_rows_part)(in, in_lanes, b->rows, &b->job->packed[l],
+  FN(gemm_rows_part)(in, in_lanes, shared, b->rows, &b->job->packed[l],
                      a->biases != NULL ? a->biases[l] : NULL,
                      l == a->n_layers - 1 ? a->final_activation : a->hidden_activation, out,
                      task, n_tasks, input_pack,
@@ -475,21 +523,23 @@ static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
   const FN(chain_job) *job = op;
   const FN(chain_rows) block = {
       job, r0, rows, {scratch, (REAL *)scratch + job->scratch_rows * job->max_hidden}};
-  FN(run_column_stages)(&job->split, job->args->n_layers, FN(chain_layer_part), &block,
-                        input_pack);
+  FN(run_column_stages)(&job->split, job->args->n_layers * (job->shared_input != NULL ? 2 : 1),
+                        FN(chain_layer_part), &block, input_pack);
 }
 
 /* A chain's row blocks, its weights packed (or read in place) in packed[l]. */
 static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_weight) *packed,
                                  const fmlp_threading *threading) {
   int64_t weight_elems = 0, max_hidden = 0, max_k = 0, row_elems = a->widths[0];
-  int64_t block_elems = 0;
+  int64_t block_elems = 0, shared_elems = 0;
   for (int64_t l = 0; l < a->n_layers; ++l) {
     weight_elems += a->widths[l + 1] * a->widths[l];
     row_elems += a->widths[l + 1];
     if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
     if (a->widths[l] > max_k) max_k = a->widths[l];
     block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&packed[l], a->rows, 1));
+    shared_elems =
+        FN(larger_elems)(shared_elems, FN(shared_input_elems)(a->rows, a->widths[l], 1));
   }
   FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 2, .scratch_cols = max_hidden,
                            .run_block = FN(chain_block)};
@@ -498,12 +548,18 @@ static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_w
   if (blocks.scratch_rows < GEMM_NR) blocks.scratch_rows = GEMM_NR;
   FN(chain_job) job = {.args = a, .packed = packed, .scratch_rows = blocks.scratch_rows,
                        .max_hidden = max_hidden};
-  blocks.input_pack_elems =
-      FN(task_pack_elems)(blocks.block_rows, max_k, block_elems, &job.weight_block_at);
+  const int share =
+      FN(shares_input)(FN(splits_columns)(&blocks, weight_elems, threading), a->rows);
+  blocks.input_pack_elems = FN(task_pack_elems)(blocks.block_rows, share ? 0 : max_k,
+                                                block_elems, &job.weight_block_at);
   blocks.op = &job;
-  fmlp_status status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+  fmlp_status status = FN(alloc_shared_input)(share, shared_elems, &job.shared_input);
+  if (status == FMLP_OK) {
+    status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+  }
   if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
   free(job.split.packs);
+  free(job.shared_input);
   return status;
 }
 
@@ -539,6 +595,7 @@ typedef struct {
   int64_t block_rows;
   int64_t weight_block_at; /* in a task's input pack (task_pack_elems) */
   FN(column_split) split;
+  REAL *shared_input; /* x, then product, packed whole (shares_input), or NULL */
 } FN(gated_job);
 
 /* product = act(gate) * up, one row of n values, formed in REAL a span at a
@@ -565,44 +622,74 @@ typedef struct {
   STORE *gate, *up, *product; /* rows x hidden, row stride hidden */
 } FN(gated_rows);
 
-/* Stage 0, task `task`'s columns of the product (the gated micro-kernel
- * where neither weight is read in place); stage 1, of the down projection. */
+/* Whether gate and up multiply `rows` rows as one product of 2 weights
+ * (the gated micro-kernel, where neither is read in place), else one
+ * weight at a time. */
+static int FN(gate_up_together)(const FN(gated_job) *job, int64_t rows) {
+#if FMLP_GATED_KERNEL
+  return !FN(reads_weight_in_place)(&job->gate, rows) &&
+         !FN(reads_weight_in_place)(&job->up, rows) && job->args->dim > 0;
+#else
+  (void)job;
+  (void)rows;
+  return 0;
+#endif
+}
+
+/* Stage 0, task `task`'s columns of the product (gate_up_together or one
+ * weight at a time); stage 1, of the down projection. With a shared input,
+ * each is the odd stage after one packing its share of the product's input
+ * (stages 0 and 2). */
 static void FN(gated_part)(const void *block, int64_t stage, int64_t task, int64_t n_tasks,
                            REAL *input_pack) {
   const FN(gated_rows) *b = block;
   const FN(gated_job) *job = b->job;
   const fmlp_cpu_gated_args *a = job->args;
   const int64_t h = a->hidden;
+  const fmlp_input product = {b->product, h, 1};
   REAL *weight_block = FN(weight_block_in)(input_pack, job->weight_block_at);
+  REAL *shared = job->shared_input;
+  if (shared != NULL && stage == 0) {
+    FN(pack_shared_input_part)(b->in, b->rows, a->dim,
+                               FN(gate_up_together)(job, b->rows) ? 2 : 1, task, n_tasks,
+                               shared);
+    return;
+  }
+  if (shared != NULL && stage == 2) {
+    FN(pack_shared_input_part)(product, b->rows, h, 1, task, n_tasks, shared);
+    return;
+  }
+  if (shared != NULL) stage /= 2;
   if (stage == 1) {
     const FN(product_out) out = {.c = FN(rows_at)(a->y, b->r0, a->y_row_stride),
                                  .ldc = a->y_row_stride};
-    FN(gemm_rows_part)((fmlp_input){b->product, h, 1}, NULL, b->rows, &job->down, a->bias_down,
-                       FMLP_ACT_NONE, out, task, n_tasks, input_pack, weight_block);
+    FN(gemm_rows_part)(product, NULL, shared, b->rows, &job->down, a->bias_down, FMLP_ACT_NONE,
+                       out, task, n_tasks, input_pack, weight_block);
     return;
   }
   /* gate and up cut alike, so the task's product columns need only its own */
   int64_t j0, count;
   FN(column_part)(&job->gate, b->rows, task, n_tasks, &j0, &count);
 #if FMLP_GATED_KERNEL
-  if (!FN(reads_weight_in_place)(&job->gate, b->rows) &&
-      !FN(reads_weight_in_place)(&job->up, b->rows) && a->dim > 0) {
+  if (FN(gate_up_together)(job, b->rows)) {
     if (count == 0) return;
     const FN(packed_weight) gate = FN(weight_columns)(&job->gate, j0, count),
                             up = FN(weight_columns)(&job->up, j0, count);
     const STORE *bias_gate = a->bias_gate, *bias_up = a->bias_up;
     const int save = a->saved_gate != NULL || a->saved_up != NULL;
-    FN(gemm_gated_rows)(b->in, b->rows, &gate, &up, bias_gate != NULL ? bias_gate + j0 : NULL,
+    FN(gemm_gated_rows)(b->in, shared, b->rows, &gate, &up,
+                        bias_gate != NULL ? bias_gate + j0 : NULL,
                         bias_up != NULL ? bias_up + j0 : NULL, a->activation, b->gate + j0,
                         b->up + j0, b->product + j0, h, save, input_pack, weight_block);
     return;
   }
 #endif
-  FN(gemm_rows_columns)(b->in, NULL, b->rows, &job->gate, j0, count, a->bias_gate,
+  FN(gemm_rows_columns)(b->in, NULL, shared, b->rows, &job->gate, j0, count, a->bias_gate,
                         FMLP_ACT_NONE, (FN(product_out)){.c = b->gate, .ldc = h}, input_pack,
                         weight_block);
-  FN(gemm_rows_columns)(b->in, NULL, b->rows, &job->up, j0, count, a->bias_up, FMLP_ACT_NONE,
-                        (FN(product_out)){.c = b->up, .ldc = h}, input_pack, weight_block);
+  FN(gemm_rows_columns)(b->in, NULL, shared, b->rows, &job->up, j0, count, a->bias_up,
+                        FMLP_ACT_NONE, (FN(product_out)){.c = b->up, .ldc = h}, input_pack,
+                        weight_block);
   for (int64_t i = 0; i < b->rows && count > 0; ++i) {
     FN(gate_product_row)(b->gate + i * h + j0, b->up + i * h + j0, count, a->activation,
                          b->product + i * h + j0);
@@ -625,7 +712,8 @@ static void FN(gated_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
       .up = a->saved_up != NULL ? FN(rows_at)(a->saved_up, r0, h) : (STORE *)scratch + stride,
       .product = a->saved_product != NULL ? FN(rows_at)(a->saved_product, r0, h)
                                           : (STORE *)scratch + 2 * stride};
-  FN(run_column_stages)(&job->split, 2, FN(gated_part), &block, input_pack);
+  FN(run_column_stages)(&job->split, job->shared_input != NULL ? 4 : 2, FN(gated_part), &block,
+                        input_pack);
 }
 
 fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threading *threading) {
@@ -655,12 +743,21 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
     block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&job.gate, a->rows, 1));
     block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&job.up, a->rows, 1));
     block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&job.down, a->rows, 1));
-    blocks.input_pack_elems =
-        FN(task_pack_elems)(blocks.block_rows, a->dim > a->hidden ? a->dim : a->hidden,
-                            block_elems, &job.weight_block_at);
-    status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+    const int share =
+        FN(shares_input)(FN(splits_columns)(&blocks, weight_elems, threading), a->rows);
+    const int64_t max_k = a->dim > a->hidden ? a->dim : a->hidden;
+    blocks.input_pack_elems = FN(task_pack_elems)(blocks.block_rows, share ? 0 : max_k,
+                                                  block_elems, &job.weight_block_at);
+    const int64_t shared_elems = FN(larger_elems)(
+        FN(shared_input_elems)(a->rows, a->dim, FN(gate_up_together)(&job, a->rows) ? 2 : 1),
+        FN(shared_input_elems)(a->rows, a->hidden, 1));
+    status = FN(alloc_shared_input)(share, shared_elems, &job.shared_input);
+    if (status == FMLP_OK) {
+      status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+    }
     if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
     free(job.split.packs);
+    free(job.shared_input);
   }
   free(job.gate.data);
   free(job.up.data);
