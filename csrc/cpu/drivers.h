@@ -27,38 +27,75 @@
 #define TASKS_PER_THREAD 4
 #define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
 
-/* Up to this many rows an op is one row block whose products split their
- * output columns over the threads, and whose weights are not packed ahead:
- * gemm.h packs each NC x KC block of them into a small per-thread buffer
- * right before its tiles (weight_blocks), in place of packing each whole
- * weight into a fresh buffer every call (at 256 tokens, bfloat16 768 ->
- * 3072 -> 768 GeGLU spent ~14% of its time in that pack and ~12.5% faulting
- * in its 3 x 4.7 MB of buffers; perf, one thread). Measured on the Xeon
- * against packing ahead (one process per build, builds alternating, 3-9
- * rounds of 7-11 calls; machine loaded, load average 2-6 on 2 cores), one
- * thread's CPU time, min, just in time / ahead, bfloat16 then float32:
- * gated_mlp_train 768 -> 3072 -> 768 GELU(tanh) at 256 rows 0.93 / 0.94
- * (8.08 -> 7.53 ms bfloat16, in the quietest rounds; 0.74 / 0.86 in busier
- * ones), 384 0.79 / 0.85, 512 0.83 / 0.88, 768 0.81 / 0.88, 1024 0.89 /
- * 0.99; mlp_train 512^3 ReLU at 256 0.89 / 0.99, 512 0.93 / 0.92, 1024
- * 0.82 / 0.96; linear 1024 -> 4096 GELU at 256 0.81 / 0.83, 512 0.92 /
- * 0.91, 768 0.95 / 0.91, 1024 0.96 / 0.90. Two threads, quiet machine,
- * `python -m fusedmlp.bench` training cases (fused / eager in each process,
- * 3 rounds, builds alternating), ahead -> just in time (that build also
- * overlapping the AMX linear tile's epilogue, microkernel_amx.h): train_gated
- * (GeGLU block 256 tokens, fwd + bwd) bfloat16 1.28-1.40x -> 0.91-1.00x,
- * float32 1.08-1.23x -> 0.96-1.02x; train_step (256 x 512^3) bfloat16
- * 0.99-1.05x -> 0.84-1.01x, float32 level (1.02-1.08x, 1.01-1.12x). A
- * stage of the column split waits for a preempted thread where row blocks
- * would not: on a loaded machine these times came in scheduler quanta. The
- * gain shrinks with the rows (each thread packs the whole input, whose
- * block outgrows the L2 past a few hundred bfloat16 rows of K = 3072), so
- * the bound stays where every case gained on one thread. */
+/* Up to GEMM_JIT_MAX_ROWS rows (GEMM_JIT_LARGE_MAX_ROWS for an op of at
+ * least GEMM_JIT_LARGE_MULTIPLY_ADDS multiply-adds a row) an op is one row
+ * block whose products split their output columns over the threads, and
+ * whose weights are not packed ahead: gemm.h packs each NC x KC block of
+ * them into a small per-thread buffer right before its tiles (weight_blocks),
+ * in place of packing each whole weight into a fresh buffer every call (at
+ * 256 tokens, bfloat16 768 -> 3072 -> 768 GeGLU spent ~14% of its time in
+ * that pack and ~12.5% faulting in its 3 x 4.7 MB of buffers; perf, one
+ * thread). Measured on the Xeon against packing ahead (one process per
+ * build, builds alternating, 3-9 rounds of 7-11 calls; machine loaded, load
+ * average 2-6 on 2 cores), one thread's CPU time, min, just in time / ahead,
+ * bfloat16 then float32: gated_mlp_train 768 -> 3072 -> 768 GELU(tanh) at
+ * 256 rows 0.93 / 0.94 (8.08 -> 7.53 ms bfloat16, in the quietest rounds;
+ * 0.74 / 0.86 in busier ones), 384 0.79 / 0.85, 512 0.83 / 0.88; mlp_train
+ * 512^3 ReLU at 256 0.89 / 0.99, 512 0.93 / 0.92; linear 1024 -> 4096 GELU
+ * at 256 0.81 / 0.83, 512 0.92 / 0.91. Two threads, quiet machine, `python
+ * -m fusedmlp.bench` training cases (fused / eager in each process, 3
+ * rounds, builds alternating), ahead -> just in time (that build also
+ * overlapping the AMX linear tile's epilogue, microkernel_amx.h):
+ * train_gated (GeGLU block 256 tokens, fwd + bwd) bfloat16 1.28-1.40x ->
+ * 0.91-1.00x, float32 1.08-1.23x -> 0.96-1.02x; train_step (256 x 512^3)
+ * bfloat16 0.99-1.05x -> 0.84-1.01x, float32 level (1.02-1.08x,
+ * 1.01-1.12x). A stage of the column split waits for a preempted thread
+ * where row blocks would not: on a loaded machine these times came in
+ * scheduler quanta.
+ *
+ * Past 512 rows (the kernels called through ctypes, the two bounds' builds
+ * alternating call by call in one process, 8-40 calls each, bound 512
+ * against just in time at every row count; machine loaded, load average
+ * 4.5-6.5 on 2 cores; just in time / ahead, min / median; with the input
+ * packed once per product and shared, shares_input), one thread's CPU time,
+ * bfloat16 (AMX) then float32: gated 768 -> 3072 -> 768 GELU(tanh) at 768
+ * rows 0.83 / 0.84 and 0.92 / 0.91, 1024 0.91 / 0.97 and 0.95 / 0.96, 2048
+ * 0.99 / 1.02 and 0.99 / 0.95 (SiLU, bfloat16, 1024: 0.95 / 0.97); 768 ->
+ * 3072 -> 3072 -> 768 GELU at 768 0.81 / 0.81 and 0.89 / 0.85, 1024 (bfloat16)
+ * 0.75 / 0.91; linear 1024 -> 4096 GELU at 1024 0.97 / 0.90 and 0.94 / 0.93,
+ * 2048 0.88 / 0.92 and 0.98 / 0.98; but 512^3 ReLU at 768 0.99 / 0.96 and
+ * 0.97 / 0.86, 1024 0.98 / 0.98 and 1.01 / 0.99, 2048 1.01 / 1.01 and 1.02 /
+ * 1.06. Two threads, wall medians (process CPU medians): gated at 768 0.86
+ * (0.86) and 0.97 (0.94), 1024 0.95 (0.90) and 0.93 (1.01), its training
+ * twin at 1024 (bfloat16) 1.07 (0.97), 2048 0.94 (0.88) and 1.08 (0.98);
+ * the 3-layer 3072-wide MLP at 1024 (bfloat16) 0.91 (0.88), 768 (float32)
+ * 0.82 (0.81); linear at 1024 0.91 (0.85) and 0.86 (0.86), 2048 0.81 (0.87)
+ * and 0.93 (0.93); but 512^3 at 768 0.81 (1.02) and 1.16 (1.12), 1024 (two
+ * runs) 0.77 (1.04), 1.55 (1.07) and 1.11 (1.04), 1.73 (1.17), 2048 1.19
+ * (1.20) and 1.21 (1.21). The noise: one run of two identical builds
+ * (512^3 at 1024) read 0.87 (one thread) and 1.45 (two). So ops with
+ * large weights (>= 4M multiply-adds a row here; 512^3 has 0.79M) gain up
+ * to 1024 rows in both dtypes, 2048 is mixed, and a chain of small layers
+ * loses past 512 on two threads (not explained; its row blocks keep a
+ * block's hidden layers in cache, one block sends them through memory). A
+ * unit header may set either bound before including this file; none does,
+ * as the dtypes measured alike. */
+#ifndef GEMM_JIT_MAX_ROWS
 #define GEMM_JIT_MAX_ROWS ((int64_t)512)
+#endif
+#ifndef GEMM_JIT_LARGE_MAX_ROWS
+#define GEMM_JIT_LARGE_MAX_ROWS ((int64_t)1024)
+#endif
+#define GEMM_JIT_LARGE_MULTIPLY_ADDS ((int64_t)1 << 21)
 _Static_assert(GEMM_JIT_MAX_ROWS >= GEMM_UNPACKED_MAX_ROWS, "few rows are one row block too");
+_Static_assert(GEMM_JIT_LARGE_MAX_ROWS >= GEMM_JIT_MAX_ROWS, "large ops at least as far");
 
-/* Whether an op over `rows` rows packs its weights just in time. */
-static int FN(packs_just_in_time)(int64_t rows) { return rows <= GEMM_JIT_MAX_ROWS; }
+/* Whether an op over `rows` rows of weight_elems multiply-adds a row packs
+ * its weights just in time (as one row block). */
+static int FN(packs_just_in_time)(int64_t rows, int64_t weight_elems) {
+  return rows <= (weight_elems >= GEMM_JIT_LARGE_MULTIPLY_ADDS ? GEMM_JIT_LARGE_MAX_ROWS
+                                                                 : GEMM_JIT_MAX_ROWS);
+}
 
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
                                      int64_t activation_elems_per_row) {
@@ -67,7 +104,7 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
    * (the transposed kernel puts rows in vector lanes, and splitting them
    * would leave lanes empty; a weight block packed just in time serves all
    * the rows). */
-  if (FN(packs_just_in_time)(rows)) return rows;
+  if (FN(packs_just_in_time)(rows, weight_elems)) return rows;
   const int64_t per_thread = (rows + threads - 1) / threads;
   /* Several blocks a thread, so the task queue can balance a slowed thread;
    * each block re-reads the weights, a few percent at these sizes. */
@@ -107,11 +144,11 @@ static void FN(free_packed)(FN(packed_weight) *packed, int64_t count) {
 }
 
 /* w [n, k] packed ahead for an op over `rows` rows, or left where it is
- * (read in place, or packed just in time). */
+ * (read in place, or packed just in time: packs_just_in_time's answer). */
 static fmlp_status FN(prepare_weight)(fmlp_input w, int64_t n, int64_t k, int64_t rows,
-                                      const fmlp_threading *threading,
+                                      int just_in_time, const fmlp_threading *threading,
                                       FN(packed_weight) *packed) {
-  if (FN(packs_just_in_time)(rows)) {
+  if (just_in_time) {
     *packed = (FN(packed_weight)){.data = NULL, .source = w, .n = n, .k = k};
     return FMLP_OK;
   }
@@ -144,7 +181,7 @@ static int64_t FN(task_pack_elems)(int64_t rows, int64_t max_k, int64_t block_el
                                    int64_t *weight_block_at) {
   int64_t at = FN(input_pack_elems)(rows, max_k), total;
   *weight_block_at = -1;
-  if (!FN(packs_just_in_time)(rows) || block_elems == 0 || at < 0) return at;
+  if (block_elems == 0 || at < 0) return at; /* no weight packed just in time */
   const int64_t whole = FN(whole_input_pack_elems)(rows, max_k);
   if (whole < 0 || block_elems < 0) return -1;
   if (whole > at) at = whole;
@@ -275,7 +312,8 @@ static int FN(splits_columns)(const FN(row_blocks) *blocks, int64_t weight_elems
                               const fmlp_threading *threading) {
   int64_t multiply_adds;
   if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
-  return blocks->n_blocks == 1 && FN(packs_just_in_time)(blocks->rows) && threading != NULL &&
+  return blocks->n_blocks == 1 && FN(packs_just_in_time)(blocks->rows, weight_elems) &&
+         threading != NULL &&
          threading->n_threads > 1 && multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
 }
 
@@ -574,12 +612,15 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
       FN(advise_output)(a->saved_hidden[l], a->rows, width, width);
     }
   }
+  int64_t weight_elems = 0;
+  for (int64_t l = 0; l < a->n_layers; ++l) weight_elems += a->widths[l + 1] * a->widths[l];
+  const int just_in_time = FN(packs_just_in_time)(a->rows, weight_elems);
   FN(packed_weight) *packed = calloc((size_t)a->n_layers, sizeof(*packed));
   if (packed == NULL) return FMLP_ERR_OUT_OF_MEMORY;
   fmlp_status status = FMLP_OK;
   for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
     status = FN(prepare_weight)(a->weights[l], a->widths[l + 1], a->widths[l], a->rows,
-                                threading, &packed[l]);
+                                just_in_time, threading, &packed[l]);
   }
   if (status == FMLP_OK) status = FN(run_chain)(a, packed, threading);
   FN(free_packed)(packed, a->n_layers);
@@ -723,15 +764,17 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   FN(advise_output)(a->saved_up, a->rows, a->hidden, a->hidden);
   FN(advise_output)(a->saved_product, a->rows, a->hidden, a->hidden);
   FN(gated_job) job = {.args = a};
-  fmlp_status status =
-      FN(prepare_weight)(a->w_gate, a->hidden, a->dim, a->rows, threading, &job.gate);
-  if (status == FMLP_OK) {
-    status = FN(prepare_weight)(a->w_up, a->hidden, a->dim, a->rows, threading, &job.up);
-  }
-  if (status == FMLP_OK) {
-    status = FN(prepare_weight)(a->w_down, a->out_dim, a->hidden, a->rows, threading, &job.down);
-  }
   const int64_t weight_elems = a->hidden * (2 * a->dim + a->out_dim);
+  const int jit = FN(packs_just_in_time)(a->rows, weight_elems);
+  fmlp_status status =
+      FN(prepare_weight)(a->w_gate, a->hidden, a->dim, a->rows, jit, threading, &job.gate);
+  if (status == FMLP_OK) {
+    status = FN(prepare_weight)(a->w_up, a->hidden, a->dim, a->rows, jit, threading, &job.up);
+  }
+  if (status == FMLP_OK) {
+    status = FN(prepare_weight)(a->w_down, a->out_dim, a->hidden, a->rows, jit, threading,
+                                &job.down);
+  }
   if (status == FMLP_OK) {
     FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 3, .scratch_cols = a->hidden,
                              .run_block = FN(gated_block), .op = &job};
