@@ -565,13 +565,13 @@ static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
                         FN(chain_layer_part), &block, input_pack);
 }
 
-/* A chain's row blocks, its weights packed (or read in place) in packed[l]. */
+/* A chain's row blocks, its weights (weight_elems multiply-adds a row)
+ * packed (or read in place) in packed[l]. */
 static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_weight) *packed,
-                                 const fmlp_threading *threading) {
-  int64_t weight_elems = 0, max_hidden = 0, max_k = 0, row_elems = a->widths[0];
+                                 int64_t weight_elems, const fmlp_threading *threading) {
+  int64_t max_hidden = 0, max_k = 0, row_elems = a->widths[0];
   int64_t block_elems = 0, shared_elems = 0;
   for (int64_t l = 0; l < a->n_layers; ++l) {
-    weight_elems += a->widths[l + 1] * a->widths[l];
     row_elems += a->widths[l + 1];
     if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
     if (a->widths[l] > max_k) max_k = a->widths[l];
@@ -622,7 +622,7 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
     status = FN(prepare_weight)(a->weights[l], a->widths[l + 1], a->widths[l], a->rows,
                                 just_in_time, threading, &packed[l]);
   }
-  if (status == FMLP_OK) status = FN(run_chain)(a, packed, threading);
+  if (status == FMLP_OK) status = FN(run_chain)(a, packed, weight_elems, threading);
   FN(free_packed)(packed, a->n_layers);
   free(packed);
   return status;
