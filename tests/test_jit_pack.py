@@ -1,8 +1,11 @@
-"""Ops of up to GEMM_JIT_MAX_ROWS rows (csrc/cpu/drivers.h) run as one row block whose
-products split their columns over the threads and pack each weight block just before its
-tiles use it; past the bound, the weights are packed whole ahead and rows split in blocks.
-Both sides of the bound, odd widths, K past one K block, strided inputs and weights, every
-dtype and instruction set, one and two threads, against float64 references."""
+"""Ops of up to GEMM_JIT_MAX_ROWS rows (GEMM_JIT_LARGE_MAX_ROWS for ops of at least
+GEMM_JIT_LARGE_MULTIPLY_ADDS multiply-adds a row; csrc/cpu/drivers.h) run as one row block
+whose products split their columns over the threads and pack each weight block just before
+its tiles use it; past the few rows that read weights in place, the threads pack each
+product's input once between them and share it. Past the bound, the weights are packed
+whole ahead and rows split in blocks. Both sides of the bounds, odd widths, K past one K
+block, strided inputs and weights, every dtype and instruction set, one and two threads,
+against float64 references."""
 
 from __future__ import annotations
 
@@ -14,17 +17,21 @@ from conftest import FUNCTIONAL, assert_matches_reference
 from torch import Tensor
 
 JIT_MAX_ROWS = 512  # GEMM_JIT_MAX_ROWS in csrc/cpu/drivers.h
+JIT_LARGE_MAX_ROWS = 1024  # GEMM_JIT_LARGE_MAX_ROWS
+JIT_LARGE_MULTIPLY_ADDS = 1 << 21  # GEMM_JIT_LARGE_MULTIPLY_ADDS, a row
 # just past the few-row path (weights read in place up to 64 rows on AVX-512), both
 # sides of the bound
 ROWS = (65, JIT_MAX_ROWS - 1, JIT_MAX_ROWS, JIT_MAX_ROWS + 1)
+# a large op: past the small ops' bound, both sides of its own
+LARGE_ROWS = (JIT_MAX_ROWS + 1, JIT_LARGE_MAX_ROWS, JIT_LARGE_MAX_ROWS + 1)
 DIM = 600  # past one K block: float32 cuts K in blocks of at most ~512
+GATED_DIM = 1100  # past one K block of gate and up together (float32: 1024 on this Xeon)
 WIDTHS = (DIM, 97, 130, 33)  # odd widths: edge panels and tiles
 
 
-# every test: each dtype, one and two threads, each row count
+# every test: each dtype, one and two threads
 pytestmark = [
     pytest.mark.usefixtures("restore_num_threads"),
-    pytest.mark.parametrize("rows", ROWS),
     pytest.mark.parametrize("threads", [1, 2]),
     pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16]),
 ]
@@ -46,6 +53,7 @@ def transposed_layout(w: Tensor) -> Tensor:
     return w.t().contiguous().t()
 
 
+@pytest.mark.parametrize("rows", ROWS)
 def test_chain_around_the_bound(isa, dtype, threads, rows, generator):
     torch.set_num_threads(threads)
     x64 = rand(rows, DIM, generator=generator)
@@ -67,19 +75,21 @@ def test_chain_around_the_bound(isa, dtype, threads, rows, generator):
     assert_matches_reference(y.detach(), expected)
 
 
-def test_gated_around_the_bound(isa, dtype, threads, rows, generator):
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dim", [DIM, GATED_DIM])
+def test_gated_around_the_bound(isa, dtype, threads, rows, dim, generator):
     torch.set_num_threads(threads)
     hidden = 97
-    x64 = rand(rows, DIM, generator=generator)
+    x64 = rand(rows, dim, generator=generator)
     w64 = [
-        rand(hidden, DIM, generator=generator, scale=DIM**-0.5),
-        rand(hidden, DIM, generator=generator, scale=DIM**-0.5),
-        rand(DIM, hidden, generator=generator, scale=hidden**-0.5),
+        rand(hidden, dim, generator=generator, scale=dim**-0.5),
+        rand(hidden, dim, generator=generator, scale=dim**-0.5),
+        rand(dim, hidden, generator=generator, scale=hidden**-0.5),
     ]
     b64 = [
         rand(hidden, generator=generator),
         rand(hidden, generator=generator),
-        rand(DIM, generator=generator),
+        rand(dim, generator=generator),
     ]
     x = strided_rows(x64.to(dtype))
     w = [t.to(dtype) for t in w64]
@@ -93,3 +103,16 @@ def test_gated_around_the_bound(isa, dtype, threads, rows, generator):
     trained = [t.detach().requires_grad_() for t in w]
     y = fusedmlp.gated_mlp(x, *trained, "gelu_tanh", *b)  # the training twin
     assert_matches_reference(y.detach(), expected)
+
+
+@pytest.mark.parametrize("rows", LARGE_ROWS)
+def test_large_linear_around_its_bound(isa, dtype, threads, rows, generator):
+    torch.set_num_threads(threads)
+    k = DIM
+    n = JIT_LARGE_MULTIPLY_ADDS // k + 1  # just large; not whole panels: an edge panel
+    x = strided_rows(rand(rows, k, generator=generator).to(dtype))
+    w = rand(n, k, generator=generator, scale=k**-0.5).to(dtype)
+    b = rand(n, generator=generator).to(dtype)
+    expected = F.gelu(F.linear(x.double(), w.double(), b.double()))
+    with torch.no_grad():
+        assert_matches_reference(fusedmlp.linear(x, w, b, "gelu"), expected)

@@ -437,7 +437,7 @@ static void FN(product_columns)(int64_t weight_block_at, int64_t m, int64_t k, f
   for (int64_t i = 0; i < m; i += BACKWARD_ROW_CHUNK) {
     const int64_t rows = m - i < BACKWARD_ROW_CHUNK ? m - i : BACKWARD_ROW_CHUNK;
     const fmlp_input x = {(const STORE *)a.data + i * a.row_stride, a.row_stride, a.col_stride};
-    FN(gemm_rows_columns)(x, NULL, rows, &w, j0, count, NULL, FMLP_ACT_NONE,
+    FN(gemm_rows_columns)(x, NULL, NULL, rows, &w, j0, count, NULL, FMLP_ACT_NONE,
                           (FN(product_out)){.c = c + i * ldc, .ldc = ldc}, task_pack,
                           FN(weight_block_in)(task_pack, weight_block_at));
   }

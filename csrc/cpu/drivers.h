@@ -27,38 +27,75 @@
 #define TASKS_PER_THREAD 4
 #define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
 
-/* Up to this many rows an op is one row block whose products split their
- * output columns over the threads, and whose weights are not packed ahead:
- * gemm.h packs each NC x KC block of them into a small per-thread buffer
- * right before its tiles (weight_blocks), in place of packing each whole
- * weight into a fresh buffer every call (at 256 tokens, bfloat16 768 ->
- * 3072 -> 768 GeGLU spent ~14% of its time in that pack and ~12.5% faulting
- * in its 3 x 4.7 MB of buffers; perf, one thread). Measured on the Xeon
- * against packing ahead (one process per build, builds alternating, 3-9
- * rounds of 7-11 calls; machine loaded, load average 2-6 on 2 cores), one
- * thread's CPU time, min, just in time / ahead, bfloat16 then float32:
- * gated_mlp_train 768 -> 3072 -> 768 GELU(tanh) at 256 rows 0.93 / 0.94
- * (8.08 -> 7.53 ms bfloat16, in the quietest rounds; 0.74 / 0.86 in busier
- * ones), 384 0.79 / 0.85, 512 0.83 / 0.88, 768 0.81 / 0.88, 1024 0.89 /
- * 0.99; mlp_train 512^3 ReLU at 256 0.89 / 0.99, 512 0.93 / 0.92, 1024
- * 0.82 / 0.96; linear 1024 -> 4096 GELU at 256 0.81 / 0.83, 512 0.92 /
- * 0.91, 768 0.95 / 0.91, 1024 0.96 / 0.90. Two threads, quiet machine,
- * `python -m fusedmlp.bench` training cases (fused / eager in each process,
- * 3 rounds, builds alternating), ahead -> just in time (that build also
- * overlapping the AMX linear tile's epilogue, microkernel_amx.h): train_gated
- * (GeGLU block 256 tokens, fwd + bwd) bfloat16 1.28-1.40x -> 0.91-1.00x,
- * float32 1.08-1.23x -> 0.96-1.02x; train_step (256 x 512^3) bfloat16
- * 0.99-1.05x -> 0.84-1.01x, float32 level (1.02-1.08x, 1.01-1.12x). A
- * stage of the column split waits for a preempted thread where row blocks
- * would not: on a loaded machine these times came in scheduler quanta. The
- * gain shrinks with the rows (each thread packs the whole input, whose
- * block outgrows the L2 past a few hundred bfloat16 rows of K = 3072), so
- * the bound stays where every case gained on one thread. */
+/* Up to GEMM_JIT_MAX_ROWS rows (GEMM_JIT_LARGE_MAX_ROWS for an op of at
+ * least GEMM_JIT_LARGE_MULTIPLY_ADDS multiply-adds a row) an op is one row
+ * block whose products split their output columns over the threads, and
+ * whose weights are not packed ahead: gemm.h packs each NC x KC block of
+ * them into a small per-thread buffer right before its tiles (weight_blocks),
+ * in place of packing each whole weight into a fresh buffer every call (at
+ * 256 tokens, bfloat16 768 -> 3072 -> 768 GeGLU spent ~14% of its time in
+ * that pack and ~12.5% faulting in its 3 x 4.7 MB of buffers; perf, one
+ * thread). Measured on the Xeon against packing ahead (one process per
+ * build, builds alternating, 3-9 rounds of 7-11 calls; machine loaded, load
+ * average 2-6 on 2 cores), one thread's CPU time, min, just in time / ahead,
+ * bfloat16 then float32: gated_mlp_train 768 -> 3072 -> 768 GELU(tanh) at
+ * 256 rows 0.93 / 0.94 (8.08 -> 7.53 ms bfloat16, in the quietest rounds;
+ * 0.74 / 0.86 in busier ones), 384 0.79 / 0.85, 512 0.83 / 0.88; mlp_train
+ * 512^3 ReLU at 256 0.89 / 0.99, 512 0.93 / 0.92; linear 1024 -> 4096 GELU
+ * at 256 0.81 / 0.83, 512 0.92 / 0.91. Two threads, quiet machine, `python
+ * -m fusedmlp.bench` training cases (fused / eager in each process, 3
+ * rounds, builds alternating), ahead -> just in time (that build also
+ * overlapping the AMX linear tile's epilogue, microkernel_amx.h):
+ * train_gated (GeGLU block 256 tokens, fwd + bwd) bfloat16 1.28-1.40x ->
+ * 0.91-1.00x, float32 1.08-1.23x -> 0.96-1.02x; train_step (256 x 512^3)
+ * bfloat16 0.99-1.05x -> 0.84-1.01x, float32 level (1.02-1.08x,
+ * 1.01-1.12x). A stage of the column split waits for a preempted thread
+ * where row blocks would not: on a loaded machine these times came in
+ * scheduler quanta.
+ *
+ * Past 512 rows (the kernels called through ctypes, the two bounds' builds
+ * alternating call by call in one process, 8-40 calls each, bound 512
+ * against just in time at every row count; machine loaded, load average
+ * 4.5-6.5 on 2 cores; just in time / ahead, min / median; with the input
+ * packed once per product and shared, shares_input), one thread's CPU time,
+ * bfloat16 (AMX) then float32: gated 768 -> 3072 -> 768 GELU(tanh) at 768
+ * rows 0.83 / 0.84 and 0.92 / 0.91, 1024 0.91 / 0.97 and 0.95 / 0.96, 2048
+ * 0.99 / 1.02 and 0.99 / 0.95 (SiLU, bfloat16, 1024: 0.95 / 0.97); 768 ->
+ * 3072 -> 3072 -> 768 GELU at 768 0.81 / 0.81 and 0.89 / 0.85, 1024 (bfloat16)
+ * 0.75 / 0.91; linear 1024 -> 4096 GELU at 1024 0.97 / 0.90 and 0.94 / 0.93,
+ * 2048 0.88 / 0.92 and 0.98 / 0.98; but 512^3 ReLU at 768 0.99 / 0.96 and
+ * 0.97 / 0.86, 1024 0.98 / 0.98 and 1.01 / 0.99, 2048 1.01 / 1.01 and 1.02 /
+ * 1.06. Two threads, wall medians (process CPU medians): gated at 768 0.86
+ * (0.86) and 0.97 (0.94), 1024 0.95 (0.90) and 0.93 (1.01), its training
+ * twin at 1024 (bfloat16) 1.07 (0.97), 2048 0.94 (0.88) and 1.08 (0.98);
+ * the 3-layer 3072-wide MLP at 1024 (bfloat16) 0.91 (0.88), 768 (float32)
+ * 0.82 (0.81); linear at 1024 0.91 (0.85) and 0.86 (0.86), 2048 0.81 (0.87)
+ * and 0.93 (0.93); but 512^3 at 768 0.81 (1.02) and 1.16 (1.12), 1024 (two
+ * runs) 0.77 (1.04), 1.55 (1.07) and 1.11 (1.04), 1.73 (1.17), 2048 1.19
+ * (1.20) and 1.21 (1.21). The noise: one run of two identical builds
+ * (512^3 at 1024) read 0.87 (one thread) and 1.45 (two). So ops with
+ * large weights (>= 4M multiply-adds a row here; 512^3 has 0.79M) gain up
+ * to 1024 rows in both dtypes, 2048 is mixed, and a chain of small layers
+ * loses past 512 on two threads (not explained; its row blocks keep a
+ * block's hidden layers in cache, one block sends them through memory). A
+ * unit header may set either bound before including this file; none does,
+ * as the dtypes measured alike. */
+#ifndef GEMM_JIT_MAX_ROWS
 #define GEMM_JIT_MAX_ROWS ((int64_t)512)
+#endif
+#ifndef GEMM_JIT_LARGE_MAX_ROWS
+#define GEMM_JIT_LARGE_MAX_ROWS ((int64_t)1024)
+#endif
+#define GEMM_JIT_LARGE_MULTIPLY_ADDS ((int64_t)1 << 21)
 _Static_assert(GEMM_JIT_MAX_ROWS >= GEMM_UNPACKED_MAX_ROWS, "few rows are one row block too");
+_Static_assert(GEMM_JIT_LARGE_MAX_ROWS >= GEMM_JIT_MAX_ROWS, "large ops at least as far");
 
-/* Whether an op over `rows` rows packs its weights just in time. */
-static int FN(packs_just_in_time)(int64_t rows) { return rows <= GEMM_JIT_MAX_ROWS; }
+/* Whether an op over `rows` rows of weight_elems multiply-adds a row packs
+ * its weights just in time (as one row block). */
+static int FN(packs_just_in_time)(int64_t rows, int64_t weight_elems) {
+  return rows <= (weight_elems >= GEMM_JIT_LARGE_MULTIPLY_ADDS ? GEMM_JIT_LARGE_MAX_ROWS
+                                                                 : GEMM_JIT_MAX_ROWS);
+}
 
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
                                      int64_t activation_elems_per_row) {
@@ -67,7 +104,7 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
    * (the transposed kernel puts rows in vector lanes, and splitting them
    * would leave lanes empty; a weight block packed just in time serves all
    * the rows). */
-  if (FN(packs_just_in_time)(rows)) return rows;
+  if (FN(packs_just_in_time)(rows, weight_elems)) return rows;
   const int64_t per_thread = (rows + threads - 1) / threads;
   /* Several blocks a thread, so the task queue can balance a slowed thread;
    * each block re-reads the weights, a few percent at these sizes. */
@@ -107,11 +144,11 @@ static void FN(free_packed)(FN(packed_weight) *packed, int64_t count) {
 }
 
 /* w [n, k] packed ahead for an op over `rows` rows, or left where it is
- * (read in place, or packed just in time). */
+ * (read in place, or packed just in time: packs_just_in_time's answer). */
 static fmlp_status FN(prepare_weight)(fmlp_input w, int64_t n, int64_t k, int64_t rows,
-                                      const fmlp_threading *threading,
+                                      int just_in_time, const fmlp_threading *threading,
                                       FN(packed_weight) *packed) {
-  if (FN(packs_just_in_time)(rows)) {
+  if (just_in_time) {
     *packed = (FN(packed_weight)){.data = NULL, .source = w, .n = n, .k = k};
     return FMLP_OK;
   }
@@ -135,15 +172,16 @@ static int64_t FN(jit_block_elems)(const FN(packed_weight) *w, int64_t rows, int
 }
 
 /* Elements of one task's scratch for products over up to `rows` rows and K
- * up to max_k, with weight blocks of up to block_elems elements (the
- * largest jit_block_elems of its products; 0: none packed just in time)
- * starting *weight_block_at elements in (-1: none); -1 on overflow. Whole
- * cache lines, so that tasks' scratch never shares one. */
+ * up to max_k (0: their inputs packed whole and shared, shares_input), with
+ * weight blocks of up to block_elems elements (the largest jit_block_elems
+ * of its products; 0: none packed just in time) starting *weight_block_at
+ * elements in (-1: none); -1 on overflow. Whole cache lines, so that
+ * tasks' scratch never shares one. */
 static int64_t FN(task_pack_elems)(int64_t rows, int64_t max_k, int64_t block_elems,
                                    int64_t *weight_block_at) {
   int64_t at = FN(input_pack_elems)(rows, max_k), total;
   *weight_block_at = -1;
-  if (!FN(packs_just_in_time)(rows) || block_elems == 0 || at < 0) return at;
+  if (block_elems == 0 || at < 0) return at; /* no weight packed just in time */
   const int64_t whole = FN(whole_input_pack_elems)(rows, max_k);
   if (whole < 0 || block_elems < 0) return -1;
   if (whole > at) at = whole;
@@ -268,20 +306,58 @@ typedef struct {
   int64_t pack_elems;
 } FN(column_split);
 
+/* Whether an op partitioned into `blocks` with weight_elems multiply-adds a
+ * row splits its one row block's products by columns over threading. */
+static int FN(splits_columns)(const FN(row_blocks) *blocks, int64_t weight_elems,
+                              const fmlp_threading *threading) {
+  int64_t multiply_adds;
+  if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
+  return blocks->n_blocks == 1 && FN(packs_just_in_time)(blocks->rows, weight_elems) &&
+         threading != NULL &&
+         threading->n_threads > 1 && multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
+}
+
+/* Whether a row block of `rows` rows whose products are split by columns
+ * (`split`) packs each product's input once, shared by the tasks: each task
+ * packs its share of the input's panels in a stage of its own before the
+ * product (shared_input), where otherwise every task packs the whole input
+ * for its columns (2 threads pack it twice; 256 x 3072 bfloat16 is 1.5 MB).
+ * Few rows read their weights in place and pack no input. */
+static int FN(shares_input)(int split, int64_t rows) {
+  return split && rows > GEMM_UNPACKED_MAX_ROWS;
+}
+
+/* Allocates a shared input of `elems` elements for an op whose inputs are
+ * shared (shares_input), else sets *shared NULL. */
+static fmlp_status FN(alloc_shared_input)(int share, int64_t elems, REAL **shared) {
+  *shared = NULL;
+  if (!share) return FMLP_OK;
+  if (elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
+  *shared = fmlp_alloc_scratch(elems, sizeof(REAL));
+  return *shared != NULL ? FMLP_OK : FMLP_ERR_OUT_OF_MEMORY;
+}
+
+/* Task `task` of n_tasks's share of the panels of `in` packed whole for a
+ * product of `weights` weights over K = k (shared_input_elems) into shared. */
+static void FN(pack_shared_input_part)(fmlp_input in, int64_t rows, int64_t k, int64_t weights,
+                                       int64_t task, int64_t n_tasks, REAL *shared) {
+  int64_t first, count;
+  FN(even_split)(FN(shared_input_units)(rows, k, weights), 1, n_tasks, task, &first, &count);
+  for (int64_t unit = first; unit < first + count; ++unit) {
+    FN(pack_shared_input_panel)(in, rows, k, weights, unit, shared);
+  }
+}
+
 /* The split for an op partitioned into `blocks` (input_pack_elems set) with
- * weight_elems multiply-adds a row. Split, its tasks pack into the split's
- * scratch, so the row block takes none (blocks->input_pack_elems 0). */
+ * weight_elems multiply-adds a row (see splits_columns). Split, its tasks
+ * pack into the split's scratch, so the row block takes none
+ * (blocks->input_pack_elems 0). */
 static fmlp_status FN(column_split_for)(FN(row_blocks) *blocks, int64_t weight_elems,
                                         const fmlp_threading *threading,
                                         FN(column_split) *split) {
   *split = (FN(column_split)){NULL, NULL, 0};
   if (blocks->input_pack_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
-  int64_t multiply_adds;
-  if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
-  if (blocks->n_blocks != 1 || !FN(packs_just_in_time)(blocks->rows) || threading == NULL ||
-      threading->n_threads <= 1 || multiply_adds < COLUMN_SPLIT_MIN_MULTIPLY_ADDS) {
-    return FMLP_OK;
-  }
+  if (!FN(splits_columns)(blocks, weight_elems, threading)) return FMLP_OK;
   split->pack_elems = blocks->input_pack_elems;
   split->packs = fmlp_alloc_matrices(threading->n_threads, 1, split->pack_elems, sizeof(REAL));
   if (split->packs == NULL) return FMLP_ERR_OUT_OF_MEMORY;
@@ -301,10 +377,11 @@ static void FN(column_part)(const FN(packed_weight) *w, int64_t rows, int64_t ta
 }
 
 /* gemm_rows_packing for output columns [j0, j0 + count) (see column_part),
- * from `in` or, when set, from in_lanes (see lanes_width). */
-static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t rows,
-                                  const FN(packed_weight) *w, int64_t j0, int64_t count,
-                                  const STORE *bias, fmlp_activation activation,
+ * from `in` or, when set, from in_lanes (see lanes_width); packed_x: `in`
+ * packed whole (gemm_rows_shared) or NULL. */
+static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, const REAL *packed_x,
+                                  int64_t rows, const FN(packed_weight) *w, int64_t j0,
+                                  int64_t count, const STORE *bias, fmlp_activation activation,
                                   FN(product_out) out, REAL *input_pack, REAL *weight_block) {
   if (count == 0) return;
   const FN(packed_weight) part = FN(weight_columns)(w, j0, count);
@@ -324,19 +401,19 @@ static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, int64_t r
 #else
   (void)in_lanes; /* lanes only come with the SIMD kernels */
 #endif
-  FN(gemm_rows_packing)(in, rows, &part, part_bias, activation, out.c + j0, out.ldc, part_pre,
-                        out.pre_stride, input_pack, weight_block);
+  FN(gemm_rows_shared)(in, packed_x, rows, &part, part_bias, activation, out.c + j0, out.ldc,
+                       part_pre, out.pre_stride, input_pack, weight_block);
 }
 
 /* gemm_rows_columns for task `task` of n_tasks's share of the output columns. */
-static void FN(gemm_rows_part)(fmlp_input in, const REAL *in_lanes, int64_t rows,
-                               const FN(packed_weight) *w, const STORE *bias,
+static void FN(gemm_rows_part)(fmlp_input in, const REAL *in_lanes, const REAL *packed_x,
+                               int64_t rows, const FN(packed_weight) *w, const STORE *bias,
                                fmlp_activation activation, FN(product_out) out, int64_t task,
                                int64_t n_tasks, REAL *input_pack, REAL *weight_block) {
   int64_t j0, count;
   FN(column_part)(w, rows, task, n_tasks, &j0, &count);
-  FN(gemm_rows_columns)(in, in_lanes, rows, w, j0, count, bias, activation, out, input_pack,
-                        weight_block);
+  FN(gemm_rows_columns)(in, in_lanes, packed_x, rows, w, j0, count, bias, activation, out,
+                        input_pack, weight_block);
 }
 
 /* Part `task` of n_tasks of stage `stage` of a row block's products. */
@@ -396,6 +473,7 @@ typedef struct {
   int64_t scratch_rows, max_hidden;
   int64_t weight_block_at; /* in a task's input pack (task_pack_elems) */
   FN(column_split) split;
+  REAL *shared_input; /* each layer's input packed whole (shares_input), or NULL */
 } FN(chain_job);
 
 /* One row block of a chain: its rows and where each layer's output goes. */
@@ -439,12 +517,14 @@ static STORE *FN(chain_output)(const FN(chain_rows) *b, int64_t l, int64_t *ldc)
   return b->ping_pong[l % 2];
 }
 
-/* Stage l: task `task`'s columns of layer l. */
-static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int64_t n_tasks,
-                                 REAL *input_pack) {
+/* Stage l: task `task`'s columns of layer l; with a shared input, stage 2l
+ * its share of packing layer l's input and stage 2l + 1 its columns. */
+static void FN(chain_layer_part)(const void *block, int64_t stage, int64_t task,
+                                 int64_t n_tasks, REAL *input_pack) {
   const FN(chain_rows) *b = block;
   const fmlp_cpu_chain_args *a = b->job->args;
-  const int64_t width = a->widths[l + 1];
+  REAL *shared = b->job->shared_input;
+  const int64_t l = shared != NULL ? stage / 2 : stage, width = a->widths[l + 1];
   fmlp_input in = {(const STORE *)a->x.data + b->r0 * a->x.row_stride, a->x.row_stride,
                    a->x.col_stride};
   const REAL *in_lanes = NULL;
@@ -454,6 +534,10 @@ static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int
     int64_t in_stride;
     in = (fmlp_input){FN(chain_output)(b, l - 1, &in_stride), in_stride, 1};
   }
+  if (shared != NULL && stage % 2 == 0) {
+    FN(pack_shared_input_part)(in, b->rows, a->widths[l], 1, task, n_tasks, shared);
+    return;
+  }
   FN(product_out) out = {
       .pre = a->saved_pre != NULL ? FN(rows_at)(a->saved_pre[l], b->r0, width) : NULL,
       .pre_stride = width};
@@ -462,7 +546,7 @@ static void FN(chain_layer_part)(const void *block, int64_t l, int64_t task, int
   } else {
     out.c = FN(chain_output)(b, l, &out.ldc);
   }
-  FN(gemm_rows_part)(in, in_lanes, b->rows, &b->job->packed[l],
+  FN(gemm_rows_part)(in, in_lanes, shared, b->rows, &b->job->packed[l],
                      a->biases != NULL ? a->biases[l] : NULL,
                      l == a->n_layers - 1 ? a->final_activation : a->hidden_activation, out,
                      task, n_tasks, input_pack,
@@ -475,21 +559,23 @@ static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
   const FN(chain_job) *job = op;
   const FN(chain_rows) block = {
       job, r0, rows, {scratch, (REAL *)scratch + job->scratch_rows * job->max_hidden}};
-  FN(run_column_stages)(&job->split, job->args->n_layers, FN(chain_layer_part), &block,
-                        input_pack);
+  FN(run_column_stages)(&job->split, job->args->n_layers * (job->shared_input != NULL ? 2 : 1),
+                        FN(chain_layer_part), &block, input_pack);
 }
 
-/* A chain's row blocks, its weights packed (or read in place) in packed[l]. */
+/* A chain's row blocks, its weights (weight_elems multiply-adds a row)
+ * packed (or read in place) in packed[l]. */
 static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_weight) *packed,
-                                 const fmlp_threading *threading) {
-  int64_t weight_elems = 0, max_hidden = 0, max_k = 0, row_elems = a->widths[0];
-  int64_t block_elems = 0;
+                                 int64_t weight_elems, const fmlp_threading *threading) {
+  int64_t max_hidden = 0, max_k = 0, row_elems = a->widths[0];
+  int64_t block_elems = 0, shared_elems = 0;
   for (int64_t l = 0; l < a->n_layers; ++l) {
-    weight_elems += a->widths[l + 1] * a->widths[l];
     row_elems += a->widths[l + 1];
     if (l + 1 < a->n_layers && a->widths[l + 1] > max_hidden) max_hidden = a->widths[l + 1];
     if (a->widths[l] > max_k) max_k = a->widths[l];
     block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&packed[l], a->rows, 1));
+    shared_elems =
+        FN(larger_elems)(shared_elems, FN(shared_input_elems)(a->rows, a->widths[l], 1));
   }
   FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 2, .scratch_cols = max_hidden,
                            .run_block = FN(chain_block)};
@@ -498,12 +584,18 @@ static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_w
   if (blocks.scratch_rows < GEMM_NR) blocks.scratch_rows = GEMM_NR;
   FN(chain_job) job = {.args = a, .packed = packed, .scratch_rows = blocks.scratch_rows,
                        .max_hidden = max_hidden};
-  blocks.input_pack_elems =
-      FN(task_pack_elems)(blocks.block_rows, max_k, block_elems, &job.weight_block_at);
+  const int share =
+      FN(shares_input)(FN(splits_columns)(&blocks, weight_elems, threading), a->rows);
+  blocks.input_pack_elems = FN(task_pack_elems)(blocks.block_rows, share ? 0 : max_k,
+                                                block_elems, &job.weight_block_at);
   blocks.op = &job;
-  fmlp_status status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+  fmlp_status status = FN(alloc_shared_input)(share, shared_elems, &job.shared_input);
+  if (status == FMLP_OK) {
+    status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+  }
   if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
   free(job.split.packs);
+  free(job.shared_input);
   return status;
 }
 
@@ -518,14 +610,17 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
       FN(advise_output)(a->saved_hidden[l], a->rows, width, width);
     }
   }
+  int64_t weight_elems = 0;
+  for (int64_t l = 0; l < a->n_layers; ++l) weight_elems += a->widths[l + 1] * a->widths[l];
+  const int just_in_time = FN(packs_just_in_time)(a->rows, weight_elems);
   FN(packed_weight) *packed = calloc((size_t)a->n_layers, sizeof(*packed));
   if (packed == NULL) return FMLP_ERR_OUT_OF_MEMORY;
   fmlp_status status = FMLP_OK;
   for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
     status = FN(prepare_weight)(a->weights[l], a->widths[l + 1], a->widths[l], a->rows,
-                                threading, &packed[l]);
+                                just_in_time, threading, &packed[l]);
   }
-  if (status == FMLP_OK) status = FN(run_chain)(a, packed, threading);
+  if (status == FMLP_OK) status = FN(run_chain)(a, packed, weight_elems, threading);
   FN(free_packed)(packed, a->n_layers);
   free(packed);
   return status;
@@ -539,6 +634,7 @@ typedef struct {
   int64_t block_rows;
   int64_t weight_block_at; /* in a task's input pack (task_pack_elems) */
   FN(column_split) split;
+  REAL *shared_input; /* x, then product, packed whole (shares_input), or NULL */
 } FN(gated_job);
 
 /* product = act(gate) * up, one row of n values, formed in REAL a span at a
@@ -565,44 +661,74 @@ typedef struct {
   STORE *gate, *up, *product; /* rows x hidden, row stride hidden */
 } FN(gated_rows);
 
-/* Stage 0, task `task`'s columns of the product (the gated micro-kernel
- * where neither weight is read in place); stage 1, of the down projection. */
+/* Whether gate and up multiply `rows` rows as one product of 2 weights
+ * (the gated micro-kernel, where neither is read in place), else one
+ * weight at a time. */
+static int FN(gate_up_together)(const FN(gated_job) *job, int64_t rows) {
+#if FMLP_GATED_KERNEL
+  return !FN(reads_weight_in_place)(&job->gate, rows) &&
+         !FN(reads_weight_in_place)(&job->up, rows) && job->args->dim > 0;
+#else
+  (void)job;
+  (void)rows;
+  return 0;
+#endif
+}
+
+/* Stage 0, task `task`'s columns of the product (gate_up_together or one
+ * weight at a time); stage 1, of the down projection. With a shared input,
+ * each is the odd stage after one packing its share of the product's input
+ * (stages 0 and 2). */
 static void FN(gated_part)(const void *block, int64_t stage, int64_t task, int64_t n_tasks,
                            REAL *input_pack) {
   const FN(gated_rows) *b = block;
   const FN(gated_job) *job = b->job;
   const fmlp_cpu_gated_args *a = job->args;
   const int64_t h = a->hidden;
+  const fmlp_input product = {b->product, h, 1};
   REAL *weight_block = FN(weight_block_in)(input_pack, job->weight_block_at);
+  REAL *shared = job->shared_input;
+  if (shared != NULL && stage == 0) {
+    FN(pack_shared_input_part)(b->in, b->rows, a->dim,
+                               FN(gate_up_together)(job, b->rows) ? 2 : 1, task, n_tasks,
+                               shared);
+    return;
+  }
+  if (shared != NULL && stage == 2) {
+    FN(pack_shared_input_part)(product, b->rows, h, 1, task, n_tasks, shared);
+    return;
+  }
+  if (shared != NULL) stage /= 2;
   if (stage == 1) {
     const FN(product_out) out = {.c = FN(rows_at)(a->y, b->r0, a->y_row_stride),
                                  .ldc = a->y_row_stride};
-    FN(gemm_rows_part)((fmlp_input){b->product, h, 1}, NULL, b->rows, &job->down, a->bias_down,
-                       FMLP_ACT_NONE, out, task, n_tasks, input_pack, weight_block);
+    FN(gemm_rows_part)(product, NULL, shared, b->rows, &job->down, a->bias_down, FMLP_ACT_NONE,
+                       out, task, n_tasks, input_pack, weight_block);
     return;
   }
   /* gate and up cut alike, so the task's product columns need only its own */
   int64_t j0, count;
   FN(column_part)(&job->gate, b->rows, task, n_tasks, &j0, &count);
 #if FMLP_GATED_KERNEL
-  if (!FN(reads_weight_in_place)(&job->gate, b->rows) &&
-      !FN(reads_weight_in_place)(&job->up, b->rows) && a->dim > 0) {
+  if (FN(gate_up_together)(job, b->rows)) {
     if (count == 0) return;
     const FN(packed_weight) gate = FN(weight_columns)(&job->gate, j0, count),
                             up = FN(weight_columns)(&job->up, j0, count);
     const STORE *bias_gate = a->bias_gate, *bias_up = a->bias_up;
     const int save = a->saved_gate != NULL || a->saved_up != NULL;
-    FN(gemm_gated_rows)(b->in, b->rows, &gate, &up, bias_gate != NULL ? bias_gate + j0 : NULL,
+    FN(gemm_gated_rows)(b->in, shared, b->rows, &gate, &up,
+                        bias_gate != NULL ? bias_gate + j0 : NULL,
                         bias_up != NULL ? bias_up + j0 : NULL, a->activation, b->gate + j0,
                         b->up + j0, b->product + j0, h, save, input_pack, weight_block);
     return;
   }
 #endif
-  FN(gemm_rows_columns)(b->in, NULL, b->rows, &job->gate, j0, count, a->bias_gate,
+  FN(gemm_rows_columns)(b->in, NULL, shared, b->rows, &job->gate, j0, count, a->bias_gate,
                         FMLP_ACT_NONE, (FN(product_out)){.c = b->gate, .ldc = h}, input_pack,
                         weight_block);
-  FN(gemm_rows_columns)(b->in, NULL, b->rows, &job->up, j0, count, a->bias_up, FMLP_ACT_NONE,
-                        (FN(product_out)){.c = b->up, .ldc = h}, input_pack, weight_block);
+  FN(gemm_rows_columns)(b->in, NULL, shared, b->rows, &job->up, j0, count, a->bias_up,
+                        FMLP_ACT_NONE, (FN(product_out)){.c = b->up, .ldc = h}, input_pack,
+                        weight_block);
   for (int64_t i = 0; i < b->rows && count > 0; ++i) {
     FN(gate_product_row)(b->gate + i * h + j0, b->up + i * h + j0, count, a->activation,
                          b->product + i * h + j0);
@@ -625,7 +751,8 @@ static void FN(gated_block)(const void *op, int64_t r0, int64_t rows, REAL *inpu
       .up = a->saved_up != NULL ? FN(rows_at)(a->saved_up, r0, h) : (STORE *)scratch + stride,
       .product = a->saved_product != NULL ? FN(rows_at)(a->saved_product, r0, h)
                                           : (STORE *)scratch + 2 * stride};
-  FN(run_column_stages)(&job->split, 2, FN(gated_part), &block, input_pack);
+  FN(run_column_stages)(&job->split, job->shared_input != NULL ? 4 : 2, FN(gated_part), &block,
+                        input_pack);
 }
 
 fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threading *threading) {
@@ -635,15 +762,17 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   FN(advise_output)(a->saved_up, a->rows, a->hidden, a->hidden);
   FN(advise_output)(a->saved_product, a->rows, a->hidden, a->hidden);
   FN(gated_job) job = {.args = a};
-  fmlp_status status =
-      FN(prepare_weight)(a->w_gate, a->hidden, a->dim, a->rows, threading, &job.gate);
-  if (status == FMLP_OK) {
-    status = FN(prepare_weight)(a->w_up, a->hidden, a->dim, a->rows, threading, &job.up);
-  }
-  if (status == FMLP_OK) {
-    status = FN(prepare_weight)(a->w_down, a->out_dim, a->hidden, a->rows, threading, &job.down);
-  }
   const int64_t weight_elems = a->hidden * (2 * a->dim + a->out_dim);
+  const int jit = FN(packs_just_in_time)(a->rows, weight_elems);
+  fmlp_status status =
+      FN(prepare_weight)(a->w_gate, a->hidden, a->dim, a->rows, jit, threading, &job.gate);
+  if (status == FMLP_OK) {
+    status = FN(prepare_weight)(a->w_up, a->hidden, a->dim, a->rows, jit, threading, &job.up);
+  }
+  if (status == FMLP_OK) {
+    status = FN(prepare_weight)(a->w_down, a->out_dim, a->hidden, a->rows, jit, threading,
+                                &job.down);
+  }
   if (status == FMLP_OK) {
     FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 3, .scratch_cols = a->hidden,
                              .run_block = FN(gated_block), .op = &job};
@@ -655,12 +784,21 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
     block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&job.gate, a->rows, 1));
     block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&job.up, a->rows, 1));
     block_elems = FN(larger_elems)(block_elems, FN(jit_block_elems)(&job.down, a->rows, 1));
-    blocks.input_pack_elems =
-        FN(task_pack_elems)(blocks.block_rows, a->dim > a->hidden ? a->dim : a->hidden,
-                            block_elems, &job.weight_block_at);
-    status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+    const int share =
+        FN(shares_input)(FN(splits_columns)(&blocks, weight_elems, threading), a->rows);
+    const int64_t max_k = a->dim > a->hidden ? a->dim : a->hidden;
+    blocks.input_pack_elems = FN(task_pack_elems)(blocks.block_rows, share ? 0 : max_k,
+                                                  block_elems, &job.weight_block_at);
+    const int64_t shared_elems = FN(larger_elems)(
+        FN(shared_input_elems)(a->rows, a->dim, FN(gate_up_together)(&job, a->rows) ? 2 : 1),
+        FN(shared_input_elems)(a->rows, a->hidden, 1));
+    status = FN(alloc_shared_input)(share, shared_elems, &job.shared_input);
+    if (status == FMLP_OK) {
+      status = FN(column_split_for)(&blocks, weight_elems, threading, &job.split);
+    }
     if (status == FMLP_OK) status = FN(run_row_blocks)(&blocks, weight_elems, threading);
     free(job.split.packs);
+    free(job.shared_input);
   }
   free(job.gate.data);
   free(job.up.data);

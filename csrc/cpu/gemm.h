@@ -361,6 +361,53 @@ static int64_t FN(whole_input_pack_elems)(int64_t rows, int64_t max_k) {
   return count;
 }
 
+/* An input of `rows` rows over K = k packed whole for a product of
+ * `weights` weights whose weights are packed just in time (the rows one
+ * input block): pack_input_block's panels of each K block (choose_blocks),
+ * K block after K block, each whole_input_pack_elems(rows, kc) apart. Tasks
+ * that split a product's columns pack it once between them and share it
+ * (drivers.h's shared_input), where each would pack all of it. */
+static int64_t FN(shared_input_elems)(int64_t rows, int64_t k, int64_t weights) {
+  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  const int64_t n_k_blocks = (k + b.kc - 1) / b.kc;
+  int64_t count;
+  if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR, FN(panel_rows)(b.kc),
+                        &count) ||
+      !fmlp_checked_mul(count, n_k_blocks, &count)) {
+    return -1;
+  }
+  return count;
+}
+
+/* Where K block pc's panels lie in an input packed whole (shared_input_elems). */
+static inline int64_t FN(shared_input_block_at)(int64_t rows, int64_t pc, int64_t block_kc) {
+  return pc / block_kc * ((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR) *
+         FN(panel_rows)(block_kc);
+}
+
+/* Unit `unit` of an input packed whole (shared_input_elems): the MR-row
+ * panel unit % panels (panels: rows / MR rounded up) of K block unit /
+ * panels, skipped where the tiles read it in place. */
+static void FN(pack_shared_input_panel)(fmlp_input x, int64_t rows, int64_t k, int64_t weights,
+                                        int64_t unit, REAL *dst) {
+  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  const int64_t panels = (rows + GEMM_MR - 1) / GEMM_MR;
+  const int64_t pc = unit / panels * b.kc, ir = unit % panels * GEMM_MR;
+  const int64_t kc = k - pc < b.kc ? k - pc : b.kc;
+  const int64_t tile_rows = rows - ir < GEMM_MR ? rows - ir : GEMM_MR;
+  if (FN(input_in_place)(x, b.kc) && tile_rows == GEMM_MR) return;
+  FMLP_PACK_INPUT_PANEL((const STORE *)x.data + ir * x.row_stride + pc * x.col_stride,
+                        x.row_stride, x.col_stride, tile_rows, GEMM_MR, kc,
+                        dst + FN(shared_input_block_at)(rows, pc, b.kc) +
+                            ir / GEMM_MR * FN(panel_rows)(kc) * GEMM_MR);
+}
+
+/* Units (panels of K blocks) of an input packed whole: pack_shared_input_panel's. */
+static int64_t FN(shared_input_units)(int64_t rows, int64_t k, int64_t weights) {
+  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  return (rows + GEMM_MR - 1) / GEMM_MR * ((k + b.kc - 1) / b.kc);
+}
+
 /* The Goto/BLIS loops over a weight of n columns and K = k: for each
  * MC x KC input block (packed here into input_pack) and NC x KC block of the
  * weights, every MR x NR tile goes to tile_fn with its input panel (packed,
@@ -370,17 +417,19 @@ static int64_t FN(whole_input_pack_elems)(int64_t rows, int64_t max_k) {
  * (see choose_blocks). The weights are packed ahead (blocks NULL) or, a
  * block at a time, into blocks->data (weight_block_elems(k, weights)) right
  * before the block's tiles, the rows then one input block (input_pack:
- * whole_input_pack_elems(rows, k)). */
+ * whole_input_pack_elems(rows, k), unused where packed_x, x packed whole
+ * for these weights (shared_input_elems), is given). */
 typedef void (*FN(tile_fn))(const void *context, void *state, const REAL *a_panel,
                             int64_t a_row_stride, int64_t row, int64_t col, int64_t pc,
                             int64_t kc, int64_t rows, int64_t cols);
 
-static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
-                              int64_t weights, REAL *input_pack, FN(tile_fn) tile_fn,
-                              const void *context, FN(weight_blocks) *blocks) {
+static void FN(for_each_tile)(fmlp_input x, const REAL *packed_x, int64_t rows, int64_t n,
+                              int64_t k, int64_t weights, REAL *input_pack,
+                              FN(tile_fn) tile_fn, const void *context,
+                              FN(weight_blocks) *blocks) {
   const STORE *x_data = x.data;
   FN(blocks) b = FN(choose_blocks)(k, weights);
-  if (blocks != NULL) b.mc = rows;
+  if (blocks != NULL || packed_x != NULL) b.mc = rows;
   const int in_place = FN(input_in_place)(x, b.kc);
   /* what the unit's micro-kernels carry from tile to tile (AMX: a tile whose
    * epilogue is still to run), set up by FMLP_MICROKERNEL_BEGIN and finished
@@ -399,7 +448,12 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
     const fmlp_input block = {x_data + ic * x.row_stride, x.row_stride, x.col_stride};
     for (int64_t pc = 0; pc < k; pc += b.kc) {
       const int64_t kc = k - pc < b.kc ? k - pc : b.kc;
-      FN(pack_input_block)(block, mc, pc, kc, in_place, input_pack);
+      const REAL *panels = input_pack;
+      if (packed_x != NULL) {
+        panels = packed_x + FN(shared_input_block_at)(rows, pc, b.kc);
+      } else {
+        FN(pack_input_block)(block, mc, pc, kc, in_place, input_pack);
+      }
       for (int64_t jc = 0; jc < n; jc += b.nc) {
         const int64_t nc = n - jc < b.nc ? n - jc : b.nc;
         if (blocks != NULL) FN(pack_weight_block)(blocks, weights, jc, nc, pc, kc);
@@ -409,7 +463,7 @@ static void FN(for_each_tile)(fmlp_input x, int64_t rows, int64_t n, int64_t k,
           const REAL *a_panel =
               a_row_stride != 0
                   ? (const REAL *)(x_data + (ic + ir) * x.row_stride + pc)
-                  : input_pack + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR;
+                  : panels + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR;
           for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
             tile_fn(context, state, a_panel, a_row_stride, ic + ir, jc + jr, pc, kc,
                     tile_rows, nc - jr < GEMM_NR ? nc - jr : GEMM_NR);
@@ -457,17 +511,12 @@ static int FN(reads_weight_in_place)(const FN(packed_weight) *w, int64_t rows) {
   return w->data == NULL && FN(weight_stays_unpacked)(w->source, rows);
 }
 
-/* c[rows, n] = act(x[rows, k] @ W.T + bias); pre (optional) gets the
- * pre-activation. Single-threaded; callers split rows or columns across
- * threads. w is packed ahead, read in place (reads_weight_in_place), or
- * else packed a block at a time into weight_block (weight_block_elems(k, 1)
- * elements; unused for the other two); input_pack holds
- * input_pack_elems(rows, k) elements, or whole_input_pack_elems(rows, k)
- * for a weight packed a block at a time. */
-static void FN(gemm_rows_packing)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
-                                  const STORE *bias, fmlp_activation activation, STORE *c,
-                                  int64_t ldc, STORE *pre, int64_t pre_stride, REAL *input_pack,
-                                  REAL *weight_block) {
+/* gemm_rows_packing, x also given packed whole (packed_x, see
+ * shared_input_elems; NULL: packed here) where w is not read in place. */
+static void FN(gemm_rows_shared)(fmlp_input x, const REAL *packed_x, int64_t rows,
+                                 const FN(packed_weight) *w, const STORE *bias,
+                                 fmlp_activation activation, STORE *c, int64_t ldc, STORE *pre,
+                                 int64_t pre_stride, REAL *input_pack, REAL *weight_block) {
   const int64_t n = w->n, k = w->k;
   if (n == 0 || rows == 0) return; /* an empty weight is never packed: nothing to read */
   if (k == 0) {
@@ -484,7 +533,22 @@ static void FN(gemm_rows_packing)(fmlp_input x, int64_t rows, const FN(packed_we
   FN(weight_blocks) blocks = {.w = {w, NULL}, .data = weight_block};
   FN(weight_blocks) *jit = w->data == NULL ? &blocks : NULL;
   const FN(linear_tiles) tiles = {w, jit, bias, activation, c, pre, ldc, pre_stride};
-  FN(for_each_tile)(x, rows, n, k, 1, input_pack, FN(linear_tile), &tiles, jit);
+  FN(for_each_tile)(x, packed_x, rows, n, k, 1, input_pack, FN(linear_tile), &tiles, jit);
+}
+
+/* c[rows, n] = act(x[rows, k] @ W.T + bias); pre (optional) gets the
+ * pre-activation. Single-threaded; callers split rows or columns across
+ * threads. w is packed ahead, read in place (reads_weight_in_place), or
+ * else packed a block at a time into weight_block (weight_block_elems(k, 1)
+ * elements; unused for the other two); input_pack holds
+ * input_pack_elems(rows, k) elements, or whole_input_pack_elems(rows, k)
+ * for a weight packed a block at a time. */
+static void FN(gemm_rows_packing)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
+                                  const STORE *bias, fmlp_activation activation, STORE *c,
+                                  int64_t ldc, STORE *pre, int64_t pre_stride, REAL *input_pack,
+                                  REAL *weight_block) {
+  FN(gemm_rows_shared)(x, NULL, rows, w, bias, activation, c, ldc, pre, pre_stride, input_pack,
+                       weight_block);
 }
 
 /* gemm_rows_packing of a weight packed ahead or read in place (the
@@ -544,10 +608,12 @@ static void FN(gated_tile)(const void *context, void *state, const REAL *a_panel
 
 /* product[rows, h] = act(x @ Wg.T + bg) * (x @ Wu.T + bu) in one pass over
  * x, both weights packed ahead or else both packed a block at a time into
- * weight_block (weight_block_elems(k, 2); see gemm_rows_packing); gate and
- * up (rows x h, same stride) receive the pre-activations when save_gate_up,
- * and serve as scratch between K blocks. */
-static void FN(gemm_gated_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *gate_w,
+ * weight_block (weight_block_elems(k, 2); see gemm_rows_packing), x also
+ * given packed whole for 2 weights (packed_x, see shared_input_elems; NULL:
+ * packed here); gate and up (rows x h, same stride) receive the
+ * pre-activations when save_gate_up, and serve as scratch between K blocks. */
+static void FN(gemm_gated_rows)(fmlp_input x, const REAL *packed_x, int64_t rows,
+                                const FN(packed_weight) *gate_w,
                                 const FN(packed_weight) *up_w, const STORE *bias_gate,
                                 const STORE *bias_up, fmlp_activation activation, STORE *gate,
                                 STORE *up, STORE *product, int64_t stride, int save_gate_up,
@@ -565,6 +631,7 @@ static void FN(gemm_gated_rows)(fmlp_input x, int64_t rows, const FN(packed_weig
                                  .product = product,
                                  .stride = stride,
                                  .save_gate_up = save_gate_up};
-  FN(for_each_tile)(x, rows, gate_w->n, gate_w->k, 2, input_pack, FN(gated_tile), &tiles, jit);
+  FN(for_each_tile)(x, packed_x, rows, gate_w->n, gate_w->k, 2, input_pack, FN(gated_tile),
+                    &tiles, jit);
 }
 #endif
