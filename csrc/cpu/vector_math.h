@@ -197,11 +197,25 @@ static inline __attribute__((always_inline)) void FN(activate_vectors)(
   }
 }
 
-/* v[0, n) = act(v[0, n)), a vector at a time; the tail is masked, never
- * read or written past n. */
+/* Vectors activate_span activates at a time: independent chains that the
+ * core overlaps, where a vector at a time left the pass waiting on one
+ * chain's latency (exact GELU, 64 Ki floats, one thread, loaded machine,
+ * alternating in one process, medians of 41 rounds: 4 at a time 0.857x the
+ * time of 1 on AVX2, 0.963x on AVX-512, same bits). */
+#define ACTIVATE_SPAN_VECTORS 4
+
+/* v[0, n) = act(v[0, n)), ACTIVATE_SPAN_VECTORS vectors at a time, then one;
+ * the tail is masked, never read or written past n. */
 static void FN(activate_span)(REAL *v, int64_t n, fmlp_activation activation) {
   if (activation == FMLP_ACT_NONE) return;
+  const int64_t step = ACTIVATE_SPAN_VECTORS * FMLP_SIMD_WIDTH;
   int64_t i = 0;
+  for (; i + step <= n; i += step) {
+    vreal chunk[ACTIVATE_SPAN_VECTORS];
+    for (int j = 0; j < ACTIVATE_SPAN_VECTORS; ++j) chunk[j] = v_load(v + i + j * FMLP_SIMD_WIDTH);
+    FN(activate_vectors)(chunk, ACTIVATE_SPAN_VECTORS, activation);
+    for (int j = 0; j < ACTIVATE_SPAN_VECTORS; ++j) v_store(v + i + j * FMLP_SIMD_WIDTH, chunk[j]);
+  }
   for (; i + FMLP_SIMD_WIDTH <= n; i += FMLP_SIMD_WIDTH) {
     vreal chunk = v_load(v + i);
     FN(activate_vectors)(&chunk, 1, activation);
