@@ -359,7 +359,6 @@ static void FN(small_product_columns)(int64_t m, int64_t k, const STORE *a, int6
   }
 }
 
-
 /* Whether a chain's backward reads its products' b in place: few rows, x and
  * the weights with unit column stride. */
 static int FN(few_rows_backward_fits)(const fmlp_cpu_chain_backward_args *a) {
