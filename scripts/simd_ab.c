@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "fusedmlp/cpu.h"
+#include "harness.h"
 
 #ifndef ISA
 #error "compile with -DISA=avx2 or -DISA=avx512"
@@ -35,22 +36,6 @@ fmlp_status BUILD_A(fmlp_cpu_gated)(const fmlp_cpu_gated_args *, const fmlp_thre
 fmlp_status BUILD_B(fmlp_cpu_gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
 
 enum { MAX_ROUNDS = 1000 };
-
-static double cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static float *filled(int64_t n, unsigned seed) {
-  float *p = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
-  if (p == NULL) exit(1);
-  for (int64_t i = 0; i < n; ++i) {
-    seed = seed * 1664525u + 1013904223u;
-    p[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
-  }
-  return p;
-}
 
 /* The drivers cut the rows as for two threads; the tasks run one after
  * another on this one. Only for ops of more than GEMM_JIT_MAX_ROWS rows: a

@@ -39,23 +39,9 @@
 #error "compile with -DFMLP_UNIT_SOURCE='\"kernels_f32_<isa>.c\"'"
 #endif
 #include FMLP_UNIT_SOURCE
+#include "harness.h"
 
 enum { REPEATS = 11, DIM = 768, HIDDEN = 3072, PEAK_CHAINS = 12 };
-
-static double cpu_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static float *filled(int64_t n, unsigned seed) {
-  float *p = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
-  for (int64_t i = 0; i < n; ++i) {
-    seed = seed * 1664525u + 1013904223u;
-    p[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
-  }
-  return p;
-}
 
 /* GFLOP/s of PEAK_CHAINS independent vector FMA chains for `iters` steps. */
 static double peak_gflops(long iters) {
@@ -151,7 +137,7 @@ typedef struct {
 
 static void gated_rows(void *context) {
   block_job *j = context;
-  FN(gemm_gated_rows)((fmlp_input){j->x, DIM, 1}, j->rows, &j->gate, &j->up, NULL, NULL,
+  FN(gemm_gated_rows)((fmlp_input){j->x, DIM, 1}, NULL, j->rows, &j->gate, &j->up, NULL, NULL,
                       FMLP_ACT_GELU_TANH, j->gate_out, j->up_out, j->product, HIDDEN + j->pad,
                       j->save_gate_up, j->input_pack, NULL);
 }

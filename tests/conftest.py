@@ -91,6 +91,18 @@ def assert_matches_reference(actual: Tensor, expected64: Tensor) -> None:
     )
 
 
+def strided_rows(x: Tensor) -> Tensor:
+    """x as a view whose rows lie further apart than its width."""
+    wide = torch.zeros(x.shape[0], x.shape[1] + 3, dtype=x.dtype)
+    wide[:, : x.shape[1]] = x
+    return wide[:, : x.shape[1]]
+
+
+def transposed_layout(w: Tensor) -> Tensor:
+    """w with unit row stride (column stride its rows), as a transposed weight is."""
+    return w.t().contiguous().t()
+
+
 def make_weights(
     sizes: list[int], dtype: torch.dtype, device: str, bias: bool, generator: torch.Generator
 ) -> tuple[list[Tensor], list[Tensor | None]]:

@@ -13,7 +13,7 @@ import fusedmlp
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FUNCTIONAL, tolerances
+from conftest import FUNCTIONAL, strided_rows, tolerances, transposed_layout
 from torch import Tensor
 
 MAX_ROWS = 512  # BACKWARD_COLUMNS_MAX_ROWS (= GEMM_JIT_MAX_ROWS) in csrc/cpu/backward.h
@@ -26,18 +26,6 @@ pytestmark = [
     pytest.mark.parametrize("rows", ROWS),
     pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16]),
 ]
-
-
-def strided_rows(x: Tensor) -> Tensor:
-    """x as a view whose rows lie further apart than its width."""
-    wide = torch.zeros(x.shape[0], x.shape[1] + 3, dtype=x.dtype)
-    wide[:, : x.shape[1]] = x
-    return wide[:, : x.shape[1]]
-
-
-def transposed_layout(w: Tensor) -> Tensor:
-    """w with unit row stride (column stride its rows), as a transposed weight is."""
-    return w.t().contiguous().t()
 
 
 def gradients(call: Callable[..., Tensor], inputs: list[Tensor], grad_y: Tensor) -> list[Tensor]:

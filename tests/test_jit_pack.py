@@ -13,7 +13,7 @@ import fusedmlp
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FUNCTIONAL, assert_matches_reference
+from conftest import FUNCTIONAL, assert_matches_reference, strided_rows, transposed_layout
 from torch import Tensor
 
 JIT_MAX_ROWS = 512  # GEMM_JIT_MAX_ROWS in csrc/cpu/drivers.h
@@ -39,18 +39,6 @@ pytestmark = [
 
 def rand(*shape: int, generator: torch.Generator, scale: float = 1.0) -> Tensor:
     return torch.randn(*shape, generator=generator) * scale
-
-
-def strided_rows(x: Tensor) -> Tensor:
-    """x as a view whose rows lie further apart than its width."""
-    wide = torch.zeros(x.shape[0], x.shape[1] + 3, dtype=x.dtype)
-    wide[:, : x.shape[1]] = x
-    return wide[:, : x.shape[1]]
-
-
-def transposed_layout(w: Tensor) -> Tensor:
-    """w with unit row stride (column stride its rows), as a transposed weight is."""
-    return w.t().contiguous().t()
 
 
 @pytest.mark.parametrize("rows", ROWS)
