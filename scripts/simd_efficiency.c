@@ -267,8 +267,8 @@ static void report_padded(const char *what, void (*fn)(void *), void *a, void *b
 static void up_rows_jit(void *context) {
   block_job *j = context;
   const FN(packed_weight) w = {.data = NULL, .source = j->up.source, .n = HIDDEN, .k = DIM};
-  FN(gemm_rows_packing)((fmlp_input){j->x, DIM, 1}, j->rows, &w, NULL, FMLP_ACT_NONE, j->up_out,
-                        HIDDEN + j->pad, NULL, 0, j->jit_input_pack, j->weight_block);
+  FN(gemm_rows_shared)((fmlp_input){j->x, DIM, 1}, NULL, j->rows, &w, NULL, FMLP_ACT_NONE,
+                       j->up_out, HIDDEN + j->pad, NULL, 0, j->jit_input_pack, j->weight_block);
 }
 
 typedef struct {

@@ -369,6 +369,8 @@ static int FN(few_rows_backward_fits)(const fmlp_cpu_chain_backward_args *a) {
   return 1;
 }
 
+/* The same for a gated block: few rows, x and its three weights with unit
+ * column stride. */
 static int FN(few_rows_gated_fits)(const fmlp_cpu_gated_block_backward_args *a) {
   return a->rows <= GEMM_UNPACKED_MAX_ROWS && a->x.col_stride == 1 &&
          a->w_gate.col_stride == 1 && a->w_up.col_stride == 1 && a->w_down.col_stride == 1;

@@ -313,8 +313,8 @@ static int FN(splits_columns)(const FN(row_blocks) *blocks, int64_t weight_elems
   int64_t multiply_adds;
   if (!fmlp_checked_mul(blocks->rows, weight_elems, &multiply_adds)) multiply_adds = INT64_MAX;
   return blocks->n_blocks == 1 && FN(packs_just_in_time)(blocks->rows, weight_elems) &&
-         threading != NULL &&
-         threading->n_threads > 1 && multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
+         threading != NULL && threading->n_threads > 1 &&
+         multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
 }
 
 /* Whether a row block of `rows` rows whose products are split by columns
@@ -376,7 +376,7 @@ static void FN(column_part)(const FN(packed_weight) *w, int64_t rows, int64_t ta
                  j0, count);
 }
 
-/* gemm_rows_packing for output columns [j0, j0 + count) (see column_part),
+/* gemm_rows_shared for output columns [j0, j0 + count) (see column_part),
  * from `in` or, when set, from in_lanes (see lanes_width); packed_x: `in`
  * packed whole (gemm_rows_shared) or NULL. */
 static void FN(gemm_rows_columns)(fmlp_input in, const REAL *in_lanes, const REAL *packed_x,

@@ -511,8 +511,14 @@ static int FN(reads_weight_in_place)(const FN(packed_weight) *w, int64_t rows) {
   return w->data == NULL && FN(weight_stays_unpacked)(w->source, rows);
 }
 
-/* gemm_rows_packing, x also given packed whole (packed_x, see
- * shared_input_elems; NULL: packed here) where w is not read in place. */
+/* c[rows, n] = act(x[rows, k] @ W.T + bias); pre (optional) gets the
+ * pre-activation. Single-threaded; callers split rows or columns across
+ * threads. w is packed ahead, read in place (reads_weight_in_place), or
+ * else packed a block at a time into weight_block (weight_block_elems(k, 1)
+ * elements; unused for the other two); input_pack holds
+ * input_pack_elems(rows, k) elements, or whole_input_pack_elems(rows, k)
+ * for a weight packed a block at a time, unless x comes packed whole
+ * (packed_x, see shared_input_elems; NULL: packed here). */
 static void FN(gemm_rows_shared)(fmlp_input x, const REAL *packed_x, int64_t rows,
                                  const FN(packed_weight) *w, const STORE *bias,
                                  fmlp_activation activation, STORE *c, int64_t ldc, STORE *pre,
@@ -536,27 +542,13 @@ static void FN(gemm_rows_shared)(fmlp_input x, const REAL *packed_x, int64_t row
   FN(for_each_tile)(x, packed_x, rows, n, k, 1, input_pack, FN(linear_tile), &tiles, jit);
 }
 
-/* c[rows, n] = act(x[rows, k] @ W.T + bias); pre (optional) gets the
- * pre-activation. Single-threaded; callers split rows or columns across
- * threads. w is packed ahead, read in place (reads_weight_in_place), or
- * else packed a block at a time into weight_block (weight_block_elems(k, 1)
- * elements; unused for the other two); input_pack holds
- * input_pack_elems(rows, k) elements, or whole_input_pack_elems(rows, k)
- * for a weight packed a block at a time. */
-static void FN(gemm_rows_packing)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
-                                  const STORE *bias, fmlp_activation activation, STORE *c,
-                                  int64_t ldc, STORE *pre, int64_t pre_stride, REAL *input_pack,
-                                  REAL *weight_block) {
-  FN(gemm_rows_shared)(x, NULL, rows, w, bias, activation, c, ldc, pre, pre_stride, input_pack,
-                       weight_block);
-}
-
-/* gemm_rows_packing of a weight packed ahead or read in place (the
- * backward's products). */
+/* gemm_rows_shared of a weight packed ahead or read in place (the
+ * backward's products over many rows). */
 static void FN(gemm_rows)(fmlp_input x, int64_t rows, const FN(packed_weight) *w,
                           const STORE *bias, fmlp_activation activation, STORE *c, int64_t ldc,
                           STORE *pre, int64_t pre_stride, REAL *input_pack) {
-  FN(gemm_rows_packing)(x, rows, w, bias, activation, c, ldc, pre, pre_stride, input_pack, NULL);
+  FN(gemm_rows_shared)(x, NULL, rows, w, bias, activation, c, ldc, pre, pre_stride, input_pack,
+                       NULL);
 }
 
 #if FMLP_GATED_KERNEL
@@ -608,7 +600,7 @@ static void FN(gated_tile)(const void *context, void *state, const REAL *a_panel
 
 /* product[rows, h] = act(x @ Wg.T + bg) * (x @ Wu.T + bu) in one pass over
  * x, both weights packed ahead or else both packed a block at a time into
- * weight_block (weight_block_elems(k, 2); see gemm_rows_packing), x also
+ * weight_block (weight_block_elems(k, 2); see gemm_rows_shared), x also
  * given packed whole for 2 weights (packed_x, see shared_input_elems; NULL:
  * packed here); gate and up (rows x h, same stride) receive the
  * pre-activations when save_gate_up, and serve as scratch between K blocks. */
