@@ -76,6 +76,19 @@ def test_same_bits_with_and_without(op, dtype, rows, isa, monkeypatch, generator
     assert info["misses"] == len(weights) and info["hits"] == len(weights)
 
 
+@pytest.mark.parametrize("op", ["mlp", "gated"])
+def test_profiled_calls_same_bits(op, monkeypatch, generator) -> None:
+    """Under a profiler the ops run layer by layer (stage by stage), each with its cached
+    weights."""
+    call, weights = ops(torch.float32, generator)[op]
+    x = torch.randn(ROWS[1], DIM, generator=generator)
+    expected = call(x, weights)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        profiled = call(x, weights)
+    assert torch.equal(profiled, expected)
+    assert fusedmlp.weight_cache_info()["hits"] == len(weights)
+
+
 def test_few_rows_take_nothing_from_it(isa, generator) -> None:
     """Few rows read the weights in place: nothing packed, nothing cached (the portable unit
     reads none in place)."""
