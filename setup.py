@@ -235,6 +235,7 @@ def extensions(with_cuda: bool) -> list:
                 "csrc/torch/schemas.cpp",
                 "csrc/torch/arguments.cpp",
                 "csrc/torch/cpu.cpp",
+                "csrc/torch/weight_cache.cpp",
             ],
             include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx_flags},

@@ -21,6 +21,8 @@ typedef struct {
                                     const fmlp_threading *);
   fmlp_status (*gated_product)(int64_t, const void *, const void *, fmlp_activation, void *,
                                const fmlp_threading *);
+  int64_t (*packed_weight_bytes)(int64_t, fmlp_input, int64_t, int64_t);
+  fmlp_status (*pack_weight)(fmlp_input, int64_t, int64_t, void *, const fmlp_threading *);
 } precision_kernels;
 
 /* Every fmlp_dtype value indexes the table. */
@@ -60,7 +62,9 @@ static const precision_kernels kernel_units[DTYPE_SLOTS][FMLP_ISA_COUNT] = {
       UNIT(isa, fmlp_cpu_activation_backward_##suffix),                                        \
       UNIT(isa, fmlp_cpu_gated_backward_##suffix),                                             \
       UNIT(isa, fmlp_cpu_activation_forward_##suffix),                                         \
-      UNIT(isa, fmlp_cpu_gated_product_##suffix)},
+      UNIT(isa, fmlp_cpu_gated_product_##suffix),                                              \
+      UNIT(isa, fmlp_cpu_packed_weight_bytes_##suffix),                                        \
+      UNIT(isa, fmlp_cpu_pack_weight_##suffix)},
 #include "fusedmlp/cpu_isas.def"
 };
 
@@ -82,6 +86,14 @@ fmlp_cpu_isa fmlp_cpu_unit_isa(fmlp_dtype dtype) {
 /* The unit fmlp_cpu_unit_isa names (valid dtypes only). */
 static const precision_kernels *kernels_for(fmlp_dtype dtype) {
   return &kernel_units[dtype][fmlp_cpu_unit_isa(dtype)];
+}
+
+/* dtype's unit at `isa` when there is one and this CPU runs it, else NULL:
+ * the unit that packed an op's weights (fmlp_cpu_pack_weight) runs the op. */
+static const precision_kernels *unit_at(fmlp_dtype dtype, fmlp_cpu_isa isa) {
+  if (!valid_dtype(dtype) || (int)isa < 0 || isa >= FMLP_ISA_COUNT) return NULL;
+  const precision_kernels *unit = &kernel_units[dtype][isa];
+  return unit->chain != NULL && fmlp_cpu_isa_supported(isa) ? unit : NULL;
 }
 
 static int valid_activation(fmlp_activation activation) {
@@ -186,16 +198,57 @@ static fmlp_status check_gated_block_backward(const fmlp_cpu_gated_block_backwar
   return status;
 }
 
+fmlp_status fmlp_cpu_packed_weight_bytes(fmlp_dtype dtype, fmlp_cpu_isa unit, int64_t rows,
+                                         fmlp_input w, int64_t n, int64_t k, int64_t *bytes) {
+  const precision_kernels *kernels = unit_at(dtype, unit);
+  if (kernels == NULL || bytes == NULL || rows < 0) return FMLP_ERR_INVALID_ARGUMENT;
+  const fmlp_status status = check_extent(w.data, n, k);
+  if (status != FMLP_OK) return status;
+  *bytes = kernels->packed_weight_bytes(rows, w, n, k);
+  return *bytes < 0 ? FMLP_ERR_SIZE_OVERFLOW : FMLP_OK;
+}
+
+void *fmlp_cpu_alloc_packed_weight(int64_t bytes) { return fmlp_alloc_scratch(bytes, 1); }
+
+fmlp_status fmlp_cpu_pack_weight(fmlp_dtype dtype, fmlp_cpu_isa unit, fmlp_input w, int64_t n,
+                                 int64_t k, void *packed, const fmlp_threading *threading) {
+  int64_t bytes;
+  const fmlp_status status = fmlp_cpu_packed_weight_bytes(dtype, unit, INT64_MAX, w, n, k, &bytes);
+  if (status != FMLP_OK) return status;
+  if (bytes > 0 && packed == NULL) return FMLP_ERR_INVALID_ARGUMENT;
+  return unit_at(dtype, unit)->pack_weight(w, n, k, packed, threading);
+}
+
+/* The unit an op runs: the one that packed its weights when it takes any
+ * packed (NULL when that unit is not one this CPU runs), else dtype's. */
+static const precision_kernels *unit_for(fmlp_dtype dtype, int packed, fmlp_cpu_isa unit) {
+  return packed ? unit_at(dtype, unit) : kernels_for(dtype);
+}
+
+static int takes_packed_layers(const fmlp_cpu_chain_args *a) {
+  for (int64_t l = 0; a->packed_weights != NULL && l < a->n_layers; ++l) {
+    if (a->packed_weights[l] != NULL) return 1;
+  }
+  return 0;
+}
+
 fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading *threading) {
   const fmlp_status status = check_chain(args);
   if (status != FMLP_OK) return status;
-  return kernels_for(args->dtype)->chain(args, threading);
+  const precision_kernels *kernels =
+      unit_for(args->dtype, takes_packed_layers(args), args->packed_unit);
+  return kernels != NULL ? kernels->chain(args, threading) : FMLP_ERR_INVALID_ARGUMENT;
 }
 
 fmlp_status fmlp_cpu_gated(const fmlp_cpu_gated_args *args, const fmlp_threading *threading) {
   const fmlp_status status = check_gated(args);
   if (status != FMLP_OK) return status;
-  return kernels_for(args->dtype)->gated(args, threading);
+  if ((args->packed_gate == NULL) != (args->packed_up == NULL)) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  const int packed = args->packed_gate != NULL || args->packed_down != NULL;
+  const precision_kernels *kernels = unit_for(args->dtype, packed, args->packed_unit);
+  return kernels != NULL ? kernels->gated(args, threading) : FMLP_ERR_INVALID_ARGUMENT;
 }
 
 fmlp_status fmlp_cpu_chain_backward(const fmlp_cpu_chain_backward_args *args,

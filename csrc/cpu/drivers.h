@@ -139,15 +139,24 @@ static void FN(advise_output)(void *data, int64_t rows, int64_t width, int64_t s
   }
 }
 
-static void FN(free_packed)(FN(packed_weight) *packed, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) free(packed[i].data);
+/* Frees what prepare_weight packed, not the caller's packed copy. */
+static void FN(release_weight)(FN(packed_weight) *w, const void *prepacked) {
+  if (w->data != prepacked) free(w->data);
 }
 
-/* w [n, k] packed ahead for an op over `rows` rows, or left where it is
- * (read in place, or packed just in time: packs_just_in_time's answer). */
+/* w [n, k] for an op over `rows` rows: the caller's packed copy (prepacked,
+ * fmlp_cpu_pack_weight's, or NULL) wherever the op would not read w in
+ * place, whatever the rows; else packed ahead, or left where it is (read in
+ * place, or packed just in time: packs_just_in_time's answer). */
 static fmlp_status FN(prepare_weight)(fmlp_input w, int64_t n, int64_t k, int64_t rows,
-                                      int just_in_time, const fmlp_threading *threading,
+                                      int just_in_time, const void *prepacked,
+                                      const fmlp_threading *threading,
                                       FN(packed_weight) *packed) {
+  if (prepacked != NULL && !FN(weight_stays_unpacked)(w, rows) && n > 0 && k > 0) {
+    /* read only, as every packed weight is: the type has one pointer for both */
+    *packed = (FN(packed_weight)){.data = (REAL *)prepacked, .source = w, .n = n, .k = k};
+    return FMLP_OK;
+  }
   if (just_in_time) {
     *packed = (FN(packed_weight)){.data = NULL, .source = w, .n = n, .k = k};
     return FMLP_OK;
@@ -599,6 +608,11 @@ static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_w
   return status;
 }
 
+/* Layer l's weight as the caller packed it, or NULL. */
+static const void *FN(layer_prepacked)(const fmlp_cpu_chain_args *a, int64_t l) {
+  return a->packed_weights != NULL ? a->packed_weights[l] : NULL;
+}
+
 fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threading *threading) {
   if (a->rows == 0) return FMLP_OK;
   FN(advise_output)(a->y, a->rows, a->widths[a->n_layers], a->y_row_stride);
@@ -618,10 +632,12 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
   fmlp_status status = FMLP_OK;
   for (int64_t l = 0; l < a->n_layers && status == FMLP_OK; ++l) {
     status = FN(prepare_weight)(a->weights[l], a->widths[l + 1], a->widths[l], a->rows,
-                                just_in_time, threading, &packed[l]);
+                                just_in_time, FN(layer_prepacked)(a, l), threading, &packed[l]);
   }
   if (status == FMLP_OK) status = FN(run_chain)(a, packed, weight_elems, threading);
-  FN(free_packed)(packed, a->n_layers);
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    FN(release_weight)(&packed[l], FN(layer_prepacked)(a, l));
+  }
   free(packed);
   return status;
 }
@@ -764,14 +780,15 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   FN(gated_job) job = {.args = a};
   const int64_t weight_elems = a->hidden * (2 * a->dim + a->out_dim);
   const int jit = FN(packs_just_in_time)(a->rows, weight_elems);
-  fmlp_status status =
-      FN(prepare_weight)(a->w_gate, a->hidden, a->dim, a->rows, jit, threading, &job.gate);
+  fmlp_status status = FN(prepare_weight)(a->w_gate, a->hidden, a->dim, a->rows, jit,
+                                          a->packed_gate, threading, &job.gate);
   if (status == FMLP_OK) {
-    status = FN(prepare_weight)(a->w_up, a->hidden, a->dim, a->rows, jit, threading, &job.up);
+    status = FN(prepare_weight)(a->w_up, a->hidden, a->dim, a->rows, jit, a->packed_up,
+                                threading, &job.up);
   }
   if (status == FMLP_OK) {
-    status = FN(prepare_weight)(a->w_down, a->out_dim, a->hidden, a->rows, jit, threading,
-                                &job.down);
+    status = FN(prepare_weight)(a->w_down, a->out_dim, a->hidden, a->rows, jit,
+                                a->packed_down, threading, &job.down);
   }
   if (status == FMLP_OK) {
     FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 3, .scratch_cols = a->hidden,
@@ -800,10 +817,27 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
     free(job.split.packs);
     free(job.shared_input);
   }
-  free(job.gate.data);
-  free(job.up.data);
-  free(job.down.data);
+  FN(release_weight)(&job.gate, a->packed_gate);
+  FN(release_weight)(&job.up, a->packed_up);
+  FN(release_weight)(&job.down, a->packed_down);
   return status;
+}
+
+/* ---- weights packed once, by the caller (cpu.h's fmlp_cpu_pack_weight) ---- */
+
+int64_t FN(fmlp_cpu_packed_weight_bytes)(int64_t rows, fmlp_input w, int64_t n, int64_t k) {
+  if (FN(weight_stays_unpacked)(w, rows) || n == 0 || k == 0) return 0;
+  const int64_t elems = FN(packed_weight_elems)(n, k);
+  int64_t bytes;
+  return elems >= 0 && fmlp_checked_mul(elems, (int64_t)sizeof(REAL), &bytes) ? bytes : -1;
+}
+
+/* The layout prepare_weight packs ahead, which an op of any rows past the
+ * few reads alike (weight_panel_at). */
+fmlp_status FN(fmlp_cpu_pack_weight)(fmlp_input w, int64_t n, int64_t k, void *packed,
+                                     const fmlp_threading *threading) {
+  FN(packed_weight) unused;
+  return FN(pack_weight)(w, n, k, INT64_MAX, threading, packed, &unused);
 }
 
 /* the epilogue passes alone, after a host GEMM (over gate_product_row above) */

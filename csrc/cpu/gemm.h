@@ -144,7 +144,7 @@ static int64_t FN(packed_weight_elems)(int64_t n, int64_t k) {
 }
 
 /* w packed into `buffer` (packed_weight_elems(n, k) elements, the caller's)
- * or, buffer NULL, into scratch allocated here (free_packed frees it);
+ * or, buffer NULL, into scratch allocated here (the caller frees it);
  * packed->data stays NULL for a weight read in place. */
 static fmlp_status FN(pack_weight)(fmlp_input w, int64_t n, int64_t k, int64_t rows,
                                    const fmlp_threading *threading, REAL *buffer,

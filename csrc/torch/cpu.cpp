@@ -8,6 +8,7 @@
 
 #include "fusedmlp/cpu.h"
 #include "op_wrappers.h"
+#include "weight_cache.h"
 
 namespace fusedmlp {
 namespace {
@@ -118,6 +119,26 @@ void host_gemm_gated(const char *op, const Tensor &x, const std::array<Tensor, 3
   host_gemm(y, block[2], w[2], b[2]);
 }
 
+// The weights of an inference call packed once, from the cache (weight_cache.h),
+// each entry nullptr where the kernels pack it themselves; `data` empty for none.
+// Training calls never take them: their weights change every step.
+struct PackedWeights {
+  std::vector<std::shared_ptr<const void>> holders;  // keep the copies alive for the call
+  std::vector<const void *> data;
+};
+
+PackedWeights packed_weights(TensorList weights, fmlp_dtype dtype, fmlp_cpu_isa unit,
+                             int64_t rows, const fmlp_threading &threading) {
+  PackedWeights packed;
+  packed.holders.reserve(weights.size());
+  packed.data.reserve(weights.size());
+  for (const Tensor &w : weights) {
+    packed.holders.push_back(cached_packed_weight(w, dtype, unit, rows, threading));
+    packed.data.push_back(packed.holders.back().get());
+  }
+  return packed;
+}
+
 struct CpuBackend {
   static std::vector<ScalarType> dtypes() { return cpu_dtypes(); }
 
@@ -137,6 +158,10 @@ struct CpuBackend {
     const Tensor saved = save ? empty({layout.total}, options) : Tensor();
     const fmlp_threading threading = aten_threading();
     const bool host = fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST;
+    const fmlp_cpu_isa unit = fmlp_cpu_unit_isa(kernel_dtype(storage));
+    const PackedWeights packed = save || host ? PackedWeights{}
+                                              : packed_weights(weights, kernel_dtype(storage),
+                                                               unit, rows, threading);
 
     // Under a profiler (and on the host-GEMM path), run layer by layer so each
     // layer gets its own event; otherwise one call runs row blocks through
@@ -181,6 +206,8 @@ struct CpuBackend {
           .y_row_stride = out.stride(0),
           .saved_pre = pre_data.data(),
           .saved_hidden = hidden_data.data(),
+          .packed_weights = packed.data.empty() ? nullptr : packed.data.data() + first,
+          .packed_unit = unit,
       };
       const ProfilerLabel label(
           [&] { return per_layer ? layer_label(op, first) : std::string(op); });
@@ -225,6 +252,14 @@ struct CpuBackend {
                       {block(0), block(1), block(2)}, y_rows, threading);
       return {y, saved};
     }
+    const fmlp_cpu_isa unit = fmlp_cpu_unit_isa(kernel_dtype(storage));
+    PackedWeights packed = save ? PackedWeights{}
+                                : packed_weights(std::vector<Tensor>{w_gate, w_up, w_down},
+                                                 kernel_dtype(storage), unit, rows, threading);
+    if (!packed.data.empty() && (packed.data[0] == nullptr) != (packed.data[1] == nullptr)) {
+      packed.data[0] = packed.data[1] = nullptr;  // the kernel reads gate and up alike
+    }
+    const auto packed_at = [&](size_t i) { return packed.data.empty() ? nullptr : packed.data[i]; };
     // Under a profiler the block runs in two labelled stages (gate and up with their
     // product, then down); otherwise row blocks run through all of it in one call.
     const bool staged = profiler_records();
@@ -250,6 +285,10 @@ struct CpuBackend {
         .saved_gate = save ? offset_data(saved, 0) : nullptr,
         .saved_up = save ? offset_data(saved, rows * hidden) : nullptr,
         .saved_product = product.has_value() ? product->data_ptr() : nullptr,
+        .packed_gate = packed_at(0),
+        .packed_up = packed_at(1),
+        .packed_down = packed_at(2),
+        .packed_unit = unit,
     };
     if (!staged) {
       check_status(fmlp_cpu_gated(&args, &threading), op);
@@ -261,6 +300,7 @@ struct CpuBackend {
       args.w_down = {nullptr, 0, 1};
       args.bias_down = nullptr;
       args.y = nullptr;
+      args.packed_down = nullptr;
       check_status(fmlp_cpu_gated(&args, &threading), op);
     }
     {
@@ -282,6 +322,8 @@ struct CpuBackend {
           .y_row_stride = y_rows.stride(0),
           .saved_pre = nullptr,
           .saved_hidden = nullptr,
+          .packed_weights = packed.data.empty() ? nullptr : &packed.data[2],
+          .packed_unit = unit,
       };
       check_status(fmlp_cpu_chain(&down_args, &threading), op);
     }

@@ -47,6 +47,7 @@ STABLE_TORCH_LIBRARY(fusedmlp, m) {
 
 #include "arguments.h"
 #include "fusedmlp/cpu.h"
+#include "weight_cache.h"
 
 static PyObject *activations(PyObject * /*module*/, PyObject * /*unused*/) {
   PyObject *names = PyTuple_New(FMLP_ACT_COUNT);
@@ -166,6 +167,28 @@ static PyObject *profiler_records(PyObject * /*module*/, PyObject *records) {
   return PyBool_FromLong(previous);
 }
 
+static PyObject *weight_cache_info(PyObject * /*module*/, PyObject * /*unused*/) {
+  const fusedmlp::WeightCacheInfo info = fusedmlp::weight_cache_info();
+  return Py_BuildValue("{sLsLsLsLsL}", "entries", static_cast<long long>(info.entries), "bytes",
+                       static_cast<long long>(info.bytes), "limit_bytes",
+                       static_cast<long long>(info.limit_bytes), "hits",
+                       static_cast<long long>(info.hits), "misses",
+                       static_cast<long long>(info.misses));
+}
+
+static PyObject *pause_weight_cache(PyObject * /*module*/, PyObject *paused) {
+  const int value = PyObject_IsTrue(paused);
+  if (value < 0) return nullptr;
+  const bool previous = fusedmlp::weight_cache_paused();
+  fusedmlp::weight_cache_paused() = value != 0;
+  return PyBool_FromLong(previous);
+}
+
+static PyObject *clear_weight_cache(PyObject * /*module*/, PyObject * /*unused*/) {
+  fusedmlp::clear_weight_cache();
+  Py_RETURN_NONE;
+}
+
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyMethodDef methods[] = {
       {"activations", activations, METH_NOARGS,
@@ -180,6 +203,15 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
        "Whether torch's profiler records the ops called on this thread (then they label "
        "their calls, each layer (stage) its own call under its own label): sets it, returns "
        "the previous setting (fusedmlp/profiling.py)."},
+      {"weight_cache_info", weight_cache_info, METH_NOARGS,
+       "The inference ops' packed-weight cache: {entries, bytes, limit_bytes, hits, misses} "
+       "(hits and misses since the last clear)."},
+      {"pause_weight_cache", pause_weight_cache, METH_O,
+       "Whether the ops called on this thread skip the packed-weight cache (for weights "
+       "that are new tensors each call, autocast's casts): sets it, returns the previous "
+       "setting."},
+      {"clear_weight_cache", clear_weight_cache, METH_NOARGS,
+       "Empties the packed-weight cache (fusedmlp.clear_weight_cache)."},
       {nullptr, nullptr, 0, nullptr}};
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fusedmlp kernels", -1, methods};
   return PyModule_Create(&module);

@@ -10,6 +10,7 @@ from .activations import ACTIVATIONS  # noqa: E402
 from .convert import convert  # noqa: E402
 from .functional import gated_mlp, linear, mlp  # noqa: E402
 from .modules import FusedGatedMLP, FusedLinear, FusedMLP  # noqa: E402
+from .weight_cache import clear_weight_cache, weight_cache_info  # noqa: E402
 
 dtensor_support.install()
 
@@ -18,8 +19,10 @@ __all__ = [
     "FusedGatedMLP",
     "FusedLinear",
     "FusedMLP",
+    "clear_weight_cache",
     "convert",
     "gated_mlp",
     "linear",
     "mlp",
+    "weight_cache_info",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import _C  # noqa: F401  (registers the ops)
+from . import _C  # (also registers the ops)
 
 FORWARD_OPS = ("linear", "linear_train", "mlp", "mlp_train", "gated_mlp", "gated_mlp_train")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -35,6 +35,15 @@ def _cast(value: Any, device_type: str, dtype: torch.dtype) -> Any:
     return value
 
 
+def _casts_any(before: Any, after: Any) -> bool:
+    """Whether _cast made a new tensor of any tensor in `before`."""
+    if isinstance(before, torch.Tensor):
+        return after is not before
+    if isinstance(before, (list, tuple)):
+        return any(_casts_any(b, a) for b, a in zip(before, after))
+    return False
+
+
 def _register(name: str, device_type: str) -> None:
     op = getattr(torch.ops.fusedmlp, name).default
     key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
@@ -42,8 +51,16 @@ def _register(name: str, device_type: str) -> None:
 
     def autocast_kernel(*args: Any) -> Any:
         dtype = torch.get_autocast_dtype(device_type)
-        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
-            return op(*_cast(args, device_type, dtype))
+        cast = _cast(args, device_type, dtype)
+        # Weights cast here are new tensors each call: packed-weight cache entries for them
+        # would never hit, so these calls skip the cache (weight_cache.py). x, the first
+        # argument, may be cast or not: weights already in the dtype are still cached.
+        paused = _C.pause_weight_cache(_casts_any(args[1:], cast[1:]))
+        try:
+            with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+                return op(*cast)
+        finally:
+            _C.pause_weight_cache(paused)
 
     # The Python-dispatcher twin, which torch.compile's tracing runs, then the kernel.
     op.py_impl(key)(autocast_kernel)

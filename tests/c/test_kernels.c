@@ -599,6 +599,87 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
   free(x_data);
 }
 
+/* w packed by the caller for dtype's unit in use (fmlp_cpu_pack_weight), or NULL
+ * where an op over `rows` rows takes none (it reads w in place). */
+static void *prepack(fmlp_dtype dtype, int64_t rows, fmlp_input w, int64_t n, int64_t k,
+                     const fmlp_threading *threading) {
+  const fmlp_cpu_isa unit = fmlp_cpu_unit_isa(dtype);
+  int64_t bytes = -1;
+  if (fmlp_cpu_packed_weight_bytes(dtype, unit, rows, w, n, k, &bytes) != FMLP_OK || bytes <= 0) {
+    return NULL;
+  }
+  void *packed = fmlp_cpu_alloc_packed_weight(bytes);
+  if (packed != NULL && fmlp_cpu_pack_weight(dtype, unit, w, n, k, packed, threading) != FMLP_OK) {
+    free(packed);
+    return NULL;
+  }
+  return packed;
+}
+
+/* A chain (a transposed weight among its) and a gated block give the same bits with
+ * weights packed once by the caller as with their own packing: few rows (packed weights
+ * unused), one row block packing just in time, row blocks over weights packed ahead. */
+static void test_prepacked(tally *t, fmlp_dtype dtype, int64_t m, const fmlp_threading *threading) {
+  const int64_t widths[3] = {70, 45, 33}, dim = 70, hidden = 37;
+  const size_t elem = elem_size(dtype);
+  fmlp_input x, w[2], g[3];
+  void *x_data = make_matrix(dtype, m, dim, 0, 40, &x);
+  void *w_data[2], *g_data[3], *packed_w[2], *packed_g[3];
+  for (int l = 0; l < 2; ++l) {
+    w_data[l] = make_matrix(dtype, widths[l + 1], widths[l], l, 41 + l, &w[l]);
+    packed_w[l] = prepack(dtype, m, w[l], widths[l + 1], widths[l], threading);
+  }
+  const int64_t g_rows[3] = {hidden, hidden, dim}, g_cols[3] = {dim, dim, hidden};
+  for (int p = 0; p < 3; ++p) {
+    g_data[p] = make_matrix(dtype, g_rows[p], g_cols[p], p == 1, 43 + p, &g[p]);
+    packed_g[p] = prepack(dtype, m, g[p], g_rows[p], g_cols[p], threading);
+  }
+  if ((packed_g[0] == NULL) != (packed_g[1] == NULL)) { /* gate and up: both or neither */
+    free(packed_g[0]), free(packed_g[1]);
+    packed_g[0] = packed_g[1] = NULL;
+  }
+  void *y[4];
+  for (int i = 0; i < 4; ++i) y[i] = calloc((size_t)(m * dim + 1), elem);
+  const void *no_bias[2] = {NULL, NULL}, *const packed_layers[2] = {packed_w[0], packed_w[1]};
+  fmlp_cpu_chain_args chain = {
+      .dtype = dtype, .rows = m, .n_layers = 2, .widths = widths, .x = x, .weights = w,
+      .biases = no_bias, .hidden_activation = FMLP_ACT_GELU, .final_activation = FMLP_ACT_SILU,
+      .y = y[0], .y_row_stride = widths[2]};
+  fmlp_status status = fmlp_cpu_chain(&chain, threading);
+  chain.y = y[1];
+  chain.packed_weights = packed_layers;
+  chain.packed_unit = fmlp_cpu_unit_isa(dtype);
+  if (status == FMLP_OK) status = fmlp_cpu_chain(&chain, threading);
+  fmlp_cpu_gated_args gated = {
+      .dtype = dtype, .rows = m, .dim = dim, .hidden = hidden, .out_dim = dim, .x = x,
+      .w_gate = g[0], .w_up = g[1], .w_down = g[2], .activation = FMLP_ACT_GELU_TANH,
+      .y = y[2], .y_row_stride = dim};
+  if (status == FMLP_OK) status = fmlp_cpu_gated(&gated, threading);
+  gated.y = y[3];
+  gated.packed_gate = packed_g[0];
+  gated.packed_up = packed_g[1];
+  gated.packed_down = packed_g[2];
+  gated.packed_unit = fmlp_cpu_unit_isa(dtype);
+  if (status == FMLP_OK) status = fmlp_cpu_gated(&gated, threading);
+  /* past any unit's few rows every weight packs; a transposed one packs at any rows */
+  int ok = status == FMLP_OK && packed_w[1] != NULL &&
+           (m <= 64 || (packed_w[0] != NULL && packed_g[0] != NULL)) &&
+           memcmp(y[0], y[1], (size_t)(m * widths[2]) * elem) == 0 &&
+           memcmp(y[2], y[3], (size_t)(m * dim) * elem) == 0;
+  /* gate and up are read together: both packed or neither; a unit this CPU lacks */
+  gated.packed_up = NULL;
+  ok = ok && (packed_g[0] == NULL ||
+              fmlp_cpu_gated(&gated, threading) == FMLP_ERR_INVALID_ARGUMENT);
+  chain.packed_unit = FMLP_ISA_COUNT;
+  ok = ok && fmlp_cpu_chain(&chain, threading) == FMLP_ERR_INVALID_ARGUMENT;
+  ok ? t->passed++ : t->failed++;
+  if (!ok) fprintf(stderr, "FAIL prepacked weights, dtype %d, %lld rows\n", (int)dtype, (long long)m);
+  for (int i = 0; i < 4; ++i) free(y[i]);
+  for (int l = 0; l < 2; ++l) free(w_data[l]), free(packed_w[l]);
+  for (int p = 0; p < 3; ++p) free(g_data[p]), free(packed_g[p]);
+  free(x_data);
+}
+
 /* Large scratch is huge-page aligned; advising keeps contents and accepts any range. */
 static void test_huge_page_advice(tally *t) {
   const int64_t count = 3 * FMLP_HUGE_PAGE_BYTES / (int64_t)sizeof(float) + 5;
@@ -728,6 +809,7 @@ int main(int argc, char **argv) {
                               &chunked);
     test_gated_block_backward(&t, (fmlp_dtype)dtype, 20, 64, 96, 40, FMLP_ACT_GELU, 0, &chunked);
     test_k_blocks(&t, (fmlp_dtype)dtype, &chunked);
+    for (int64_t m = 5; m <= 605; m += 300) test_prepacked(&t, (fmlp_dtype)dtype, m, &chunked);
     /* a few-row dX whose columns run past one L2-sized column chunk of its K blocks
      * (backward.h's small_product_columns: a quarter of the L2 over K 256 in float, over
      * the whole K 257 in bfloat16), just past and well past */

@@ -82,6 +82,28 @@ typedef struct {
   int64_t row_stride, col_stride;
 } fmlp_input;
 
+/* Weights packed once for many calls (inference on unchanging weights): the
+ * layout in which dtype's kernel unit `unit` (an fmlp_cpu_unit_isa answer)
+ * reads a weight packed whole, which depends on the unit, dtype, n and k
+ * alone (not on the rows, the cache blocks or w's strides). *bytes: the size
+ * of w (n x k) packed for an op over `rows` rows; 0 when such an op takes no
+ * packed weight: it reads w in place (a few rows, unit column stride), or w
+ * is empty. */
+fmlp_status fmlp_cpu_packed_weight_bytes(fmlp_dtype dtype, fmlp_cpu_isa unit, int64_t rows,
+                                         fmlp_input w, int64_t n, int64_t k, int64_t *bytes);
+
+/* A buffer of `bytes` for a packed weight, aligned (and huge-page advised)
+ * as the kernels' own packs are, so that they read it as fast; free() frees
+ * it. NULL when memory runs out. */
+void *fmlp_cpu_alloc_packed_weight(int64_t bytes);
+
+/* w (n x k) packed for dtype's unit `unit` into the caller's `packed`, of
+ * fmlp_cpu_packed_weight_bytes for rows past the few (best from
+ * fmlp_cpu_alloc_packed_weight); the ops take it through their packed_* arguments while w's values
+ * stay what they were when packed. */
+fmlp_status fmlp_cpu_pack_weight(fmlp_dtype dtype, fmlp_cpu_isa unit, fmlp_input w, int64_t n,
+                                 int64_t k, void *packed, const fmlp_threading *threading);
+
 /* A chain of linear layers over `rows` rows:
  *   h_0 = x,  h_{l+1} = act_l(h_l @ weights[l].T + biases[l]),
  * with act_l = hidden_activation for every layer but the last and
@@ -104,6 +126,13 @@ typedef struct {
    * so may any entry. */
   void *const *saved_pre;
   void *const *saved_hidden;
+  /* NULL, or for each layer weights[l] already packed for the unit
+   * packed_unit (fmlp_cpu_pack_weight), or NULL (packed here, as without).
+   * With any packed weight the op runs on the unit packed_unit, which must
+   * be one of dtype's that this CPU runs; rows that read their weights in
+   * place (fmlp_cpu_packed_weight_bytes 0) leave them unused. */
+  const void *const *packed_weights;
+  fmlp_cpu_isa packed_unit;
 } fmlp_cpu_chain_args;
 
 fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading *threading);
@@ -147,6 +176,11 @@ typedef struct {
   /* For training, or NULL: gate pre-activation, up projection and
    * act(gate) * up, each rows x hidden contiguous. */
   void *saved_gate, *saved_up, *saved_product;
+  /* Each weight already packed for the unit packed_unit, or NULL, as
+   * fmlp_cpu_chain_args' packed_weights: packed_gate and packed_up both or
+   * neither (the gated micro-kernel reads them together). */
+  const void *packed_gate, *packed_up, *packed_down;
+  fmlp_cpu_isa packed_unit;
 } fmlp_cpu_gated_args;
 
 fmlp_status fmlp_cpu_gated(const fmlp_cpu_gated_args *args, const fmlp_threading *threading);
