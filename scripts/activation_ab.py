@@ -6,13 +6,15 @@ does), and calls each one's fmlp_cpu_activation_forward through ctypes.
     PYTHONPATH=python python scripts/activation_ab.py time ISA VARIANT_DIR [ROUNDS]
     PYTHONPATH=python python scripts/activation_ab.py bits ISA VARIANT_DIR [STRIDE]
 
-time: each activation's pass over 64 Ki floats on one thread, A, B and torch (its float32
-kernel at whatever CPU capability ATEN_CPU_CAPABILITY leaves it) taking turns within each round,
-one thread's CPU time; prints nanoseconds a value (min, median) and B's median ratio to A and to
-torch. bits: every STRIDE-th float32 bit pattern (default 13) and every bfloat16 value through A,
-B and torch, each against float64 (the max error in float32 ulps of the float64 value for
-x >= 0 and of x for x < 0, finite results only; and where a result is NaN or infinite against a
-finite reference), plus how many results differ in their bits between A, B and torch."""
+time: each activation's pass over 64 Ki floats on one thread, A, B and torch taking turns
+within each round, one thread's CPU time; prints nanoseconds a value (min, median) and the ratios
+of the medians. torch's float32 exact GELU runs oneDNN's JIT kernel (its ISA capped by
+ONEDNN_MAX_CPU_ISA, e.g. AVX2), its GELU(tanh) and SiLU ATen's vectorised code (capped by
+ATEN_CPU_CAPABILITY). bits: every STRIDE-th float32 bit pattern (default 13) and every bfloat16
+value through A, B and torch, each against float64 (the max error in float32 ulps of the float64
+value for x >= 0 and of x for x < 0, finite results only; and where a result is NaN or infinite
+against a finite reference), plus how many results differ in their bits between A, B and
+torch."""
 
 from __future__ import annotations
 
@@ -101,8 +103,9 @@ def time_passes(passes: dict[str, dict], rounds: int) -> None:
                 samples[who].append(per_value_ns(runs[who], x, out))
         medians = {who: statistics.median(s) for who, s in samples.items()}
         cells = ", ".join(f"{who} {min(s):.3f} / {medians[who]:.3f}" for who, s in samples.items())
-        print(f"{activation:10s} {cells}; B/A {medians['B'] / medians['A']:.3f}, "
-              f"B/torch {medians['B'] / medians['torch']:.3f}")
+        ratios = ", ".join(f"{one}/{other} {medians[one] / medians[other]:.3f}"
+                           for one, other in (("B", "A"), ("A", "torch"), ("B", "torch")))
+        print(f"{activation:10s} {cells}; median ratios {ratios}")
 
 
 def all_patterns(stride: int):
