@@ -34,6 +34,8 @@ static inline vreal v_sub(vreal a, vreal b) { return _mm256_sub_ps(a, b); }
 static inline vreal v_mul(vreal a, vreal b) { return _mm256_mul_ps(a, b); }
 static inline vreal v_div(vreal a, vreal b) { return _mm256_div_ps(a, b); }
 static inline vreal v_fma(vreal a, vreal b, vreal c) { return _mm256_fmadd_ps(a, b, c); }
+/* c - a * b, rounded once */
+static inline vreal v_fnma(vreal a, vreal b, vreal c) { return _mm256_fnmadd_ps(a, b, c); }
 /* max/min return their second operand when either is NaN: pass the value
  * that must keep its NaN second. */
 static inline vreal v_max(vreal a, vreal b) { return _mm256_max_ps(a, b); }
@@ -41,18 +43,15 @@ static inline vreal v_min(vreal a, vreal b) { return _mm256_min_ps(a, b); }
 static inline vreal v_abs(vreal a) {
   return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a);
 }
-/* |magnitude| with the sign of sign_of. */
-static inline vreal v_copysign(vreal magnitude, vreal sign_of) {
-  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
-  return _mm256_or_ps(_mm256_andnot_ps(sign_bit, magnitude), _mm256_and_ps(sign_bit, sign_of));
+/* v with its sign flipped where sign_of's sign bit is set (-0 and NaN included) */
+static inline vreal v_flip_sign(vreal v, vreal sign_of) {
+  return _mm256_xor_ps(v, _mm256_and_ps(_mm256_set1_ps(-0.0f), sign_of));
 }
-static inline vreal v_round(vreal a) {
-  return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-/* 2^n for integral n in [-126, 127], as a float. */
-static inline vreal v_pow2_int(vreal n) {
-  const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23));
+/* 2^n as a float from `biased`, a float in [2^23, 2^24) whose low mantissa
+ * bits hold n + 127 (n integral in [-126, 127]): those bits shifted into the
+ * exponent field, the rest out of the word. */
+static inline vreal v_pow2_biased(vreal biased) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(biased), 23));
 }
 /* where a > b (false for NaN): if_true, else otherwise. */
 static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal otherwise) {

@@ -32,25 +32,18 @@ static inline vreal v_sub(vreal a, vreal b) { return _mm512_sub_ps(a, b); }
 static inline vreal v_mul(vreal a, vreal b) { return _mm512_mul_ps(a, b); }
 static inline vreal v_div(vreal a, vreal b) { return _mm512_div_ps(a, b); }
 static inline vreal v_fma(vreal a, vreal b, vreal c) { return _mm512_fmadd_ps(a, b, c); }
+/* c - a * b, rounded once */
+static inline vreal v_fnma(vreal a, vreal b, vreal c) { return _mm512_fnmadd_ps(a, b, c); }
 /* max/min return their second operand when either is NaN: pass the value
  * that must keep its NaN second. */
 static inline vreal v_max(vreal a, vreal b) { return _mm512_max_ps(a, b); }
 static inline vreal v_min(vreal a, vreal b) { return _mm512_min_ps(a, b); }
 static inline vreal v_abs(vreal a) { return _mm512_abs_ps(a); }
-/* |magnitude| with the sign of sign_of. */
-static inline vreal v_copysign(vreal magnitude, vreal sign_of) {
+/* v with its sign flipped where sign_of's sign bit is set (-0 and NaN included) */
+static inline vreal v_flip_sign(vreal v, vreal sign_of) {
   const __m512i sign_bit = _mm512_set1_epi32((int)0x80000000u);
-  return _mm512_castsi512_ps(_mm512_or_si512(
-      _mm512_andnot_si512(sign_bit, _mm512_castps_si512(magnitude)),
-      _mm512_and_si512(sign_bit, _mm512_castps_si512(sign_of))));
-}
-static inline vreal v_round(vreal a) {
-  return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-/* 2^n for integral n in [-126, 127], as a float. */
-static inline vreal v_pow2_int(vreal n) {
-  const __m512i biased = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(biased, 23));
+  return _mm512_castsi512_ps(_mm512_xor_si512(
+      _mm512_castps_si512(v), _mm512_and_si512(sign_bit, _mm512_castps_si512(sign_of))));
 }
 /* p 2^n for integral n, in one rounding (vscalefps): past float's range it
  * overflows to inf or underflows through the subnormals to 0. */

@@ -79,6 +79,14 @@ static inline vreal v_fma(vreal a, vreal b, vreal c) {
   return a * b + c;
 #endif
 }
+/* c - a * b: fused where v_fma is */
+static inline vreal v_fnma(vreal a, vreal b, vreal c) {
+#if defined(__ARM_NEON) && defined(__ARM_FEATURE_FMA)
+  return vfmsq_f32(c, a, b);
+#else
+  return c - a * b;
+#endif
+}
 
 /* Bitwise view of the lanes, for selects and sign tricks. */
 static inline vmask v_bits(vreal a) { return (vmask)a; }
@@ -92,22 +100,16 @@ static inline vreal v_select(vmask mask, vreal if_true, vreal otherwise) {
 static inline vreal v_max(vreal a, vreal b) { return v_select(a > b, a, b); }
 static inline vreal v_min(vreal a, vreal b) { return v_select(a < b, a, b); }
 static inline vreal v_abs(vreal a) { return v_from_bits(v_bits(a) & 0x7fffffff); }
-/* |magnitude| with the sign of sign_of. */
-static inline vreal v_copysign(vreal magnitude, vreal sign_of) {
-  return v_from_bits((v_bits(magnitude) & 0x7fffffff) | (v_bits(sign_of) & INT32_MIN));
+/* v with its sign flipped where sign_of's sign bit is set (-0 and NaN included) */
+static inline vreal v_flip_sign(vreal v, vreal sign_of) {
+  return v_from_bits(v_bits(v) ^ (v_bits(sign_of) & INT32_MIN));
 }
-/* To the nearest integer, ties to even (the default rounding mode): adding
- * and subtracting 1.5 * 2^23 drops the fraction bits; from 2^22 on every float
- * is already an integer and passes unchanged (so do inf and NaN). */
-static inline vreal v_round(vreal a) {
-  const vreal magic = v_set1(12582912.0f);
-  const vreal rounded = v_copysign((v_abs(a) + magic) - magic, a);
-  return v_select(v_abs(a) < v_set1(4194304.0f), rounded, a);
-}
-/* 2^n for integral n in [-126, 127], as a float. */
-static inline vreal v_pow2_int(vreal n) {
-  const vmask biased = __builtin_convertvector(n, vmask) + 127;
-  return v_from_bits(biased << 23);
+/* 2^n as a float from `biased`, a float in [2^23, 2^24) whose low mantissa
+ * bits hold n + 127 (n integral in [-126, 127]): those bits shifted into the
+ * exponent field, the rest out of the word (unsigned: no signed overflow). */
+static inline vreal v_pow2_biased(vreal biased) {
+  typedef uint32_t vword __attribute__((vector_size(FMLP_VECTOR_BYTES)));
+  return (vreal)((vword)biased << 23);
 }
 /* where a > b (false for NaN): if_true, else otherwise. */
 static inline vreal v_select_greater(vreal a, vreal b, vreal if_true, vreal otherwise) {

@@ -5,8 +5,9 @@
  * exp(88.37), up to 41% low, which only moves sigmoid-like results smaller
  * than 1e-36), erf is
  * Abramowitz-Stegun 7.1.26 with that exp (max abs error ~1.5e-7, like
- * PyTorch's Vectorized<float>::erf); tanh-GELU goes through sigmoid rather
- * than tanh (see v_gelu_tanh). NaN propagates through every function.
+ * PyTorch's Vectorized<float>::erf, and its operations); tanh-GELU goes
+ * through sigmoid rather than tanh (see v_gelu_tanh). NaN propagates through
+ * every function.
  *
  * Units whose storage is bfloat16 (STORE_ROUNDS_TO_BF16, set by
  * storage_bf16.h) round every result to 8 significant bits, so they take
@@ -16,7 +17,7 @@
  * the same A-S terms, picked or subtracted from 1 by the sign of x: fewer
  * operations than 0.5 x (1 + erf) and no cancellation for negative x. NaN,
  * +-inf and -0 come out as in the float units (tests/test_activation_bf16.py).
- * The float units keep the forms above bit for bit. */
+ * The float units keep the forms above. */
 #include <math.h>
 
 #include "fusedmlp/fusedmlp.h"
@@ -27,12 +28,21 @@
 #define EXP_UNDERFLOWS_BELOW -87.33654022216797f
 /* v_exp_clamped's argument is at least this: 2^n stays a normal float */
 #define EXP_CLAMP_BELOW -87.33f
+/* 1.5 * 2^23 + 127. x log2e plus this, rounded once (a fused multiply-add),
+ * is n + this for n the integer nearest the exact x log2e (|x log2e| < 2^22),
+ * and its low mantissa bits are n + 127, 2^n's exponent field
+ * (v_pow2_biased). Against rounding x log2e and converting n to an integer:
+ * 2 operations (3 uops) fewer an exp on AVX2, 1 uop on AVX-512, and the
+ * vector-extension units' 8-operation rounding gone. */
+#define EXP_ROUNDING_SHIFT 12583039.0f
 
 /* p 2^n = exp(x) for x already clamped to where 2^n is a float (or NaN):
- * v_exp and v_exp_nonpositive differ only in the clamp and the selects
- * around this. */
+ * v_one_plus_exp and v_exp_nonpositive differ only in the clamp and the
+ * selects around this. */
 static inline vreal FN(v_exp_clamped)(vreal clamped) {
-  const vreal n = v_round(v_mul(clamped, v_set1(1.44269504088896341f)));
+  const vreal shifted =
+      v_fma(clamped, v_set1(1.44269504088896341f), v_set1(EXP_ROUNDING_SHIFT));
+  const vreal n = v_sub(shifted, v_set1(EXP_ROUNDING_SHIFT));
   /* r = x - n ln2, with ln2 split in two so that r is exact */
   vreal r = v_fma(n, v_set1(-0.693359375f), clamped);
   r = v_fma(n, v_set1(2.12194440e-4f), r);
@@ -53,16 +63,14 @@ static inline vreal FN(v_exp_clamped)(vreal clamped) {
 #if FMLP_SIMD_HAS_SCALE_POW2
   return v_scale_pow2(p, n);
 #else
-  return v_mul(p, v_pow2_int(n));
+  return v_mul(p, v_pow2_biased(shifted));
 #endif
 }
 
-/* exp(x); below float's smallest normal it is 0, as expf's underflow */
-static inline vreal FN(v_exp_underflowing)(vreal x, vreal clamped) {
-  return v_select_greater(v_set1(EXP_UNDERFLOWS_BELOW), x, v_zero(), FN(v_exp_clamped)(clamped));
-}
-
-static inline vreal FN(v_exp)(vreal x) {
+/* 1 + exp(x), the denominator of the sigmoid forms (GELU(tanh), SiLU). Below
+ * exp's underflow x is clamped, not selected to 0: 1 + exp(-87.33) is 1, as
+ * 1 + 0 is (a compare and a blend fewer). */
+static inline vreal FN(v_one_plus_exp)(vreal x) {
   /* NaN stays NaN: x is the second operand of max/min. Where the SIMD header
    * scales by 2^n in one instruction (v_scale_pow2: AVX-512's vscalefps), x
    * is clamped past the overflow, which that scaling turns into inf: 2 to 5
@@ -73,49 +81,47 @@ static inline vreal FN(v_exp)(vreal x) {
    * 568-583), and exp from 88.37 to its overflow is no longer exp(88.37). */
 #if FMLP_SIMD_HAS_SCALE_POW2
   const vreal clamped = v_min(v_set1(89.0f), v_max(v_set1(EXP_CLAMP_BELOW), x));
-  return FN(v_exp_underflowing)(x, clamped);
+  return v_add(v_set1(1.0f), FN(v_exp_clamped)(clamped));
 #else
   const vreal clamped = v_min(v_set1(88.37f), v_max(v_set1(EXP_CLAMP_BELOW), x));
   /* beyond float range exp overflows to inf, as expf does */
-  return v_select_greater(x, v_set1(EXP_OVERFLOWS_PAST), v_set1(INFINITY),
-                          FN(v_exp_underflowing)(x, clamped));
+  return v_add(v_set1(1.0f), v_select_greater(x, v_set1(EXP_OVERFLOWS_PAST), v_set1(INFINITY),
+                                              FN(v_exp_clamped)(clamped)));
 #endif
 }
 
-/* exp(x) for x <= 0 or NaN (erf's exp(-a^2), the normal density): the same
- * bits as v_exp with no overflow to clamp or select, 1 operation fewer with
- * v_scale_pow2 and 3 (4 uops on AVX2) without. */
+/* exp(x) for x <= 0 or NaN (the normal density, exp(-2|u|) in the GELU(tanh)
+ * slope): no overflow to clamp or select; below float's smallest normal it
+ * is 0, as expf's underflow. */
 static inline vreal FN(v_exp_nonpositive)(vreal x) {
-  return FN(v_exp_underflowing)(x, v_max(v_set1(EXP_CLAMP_BELOW), x));
+  return v_select_greater(v_set1(EXP_UNDERFLOWS_BELOW), x, v_zero(),
+                          FN(v_exp_clamped)(v_max(v_set1(EXP_CLAMP_BELOW), x)));
 }
 
-/* A-S 7.1.26's erfc(a) / 2 for a >= 0 as t p(t) exp(-a^2) / 2, the
- * factor `scale` folded into p's coefficients; the caller forms
- * exp_minus_a2, exp(-a^2). */
-static inline vreal FN(v_erfc_scaled)(vreal a, float scale, vreal exp_minus_a2) {
+/* A-S 7.1.26: erfc(a) = t p(t) exp(-a^2) for a >= 0, with t from
+ * v_erfc_t(a); v_erfc_poly is p(t) scale, the factor folded into p's
+ * coefficients. */
+static inline vreal FN(v_erfc_t)(vreal a) {
   const vreal one = v_set1(1.0f);
-  const vreal t = v_div(one, v_fma(v_set1(0.3275911f), a, one));
+  return v_div(one, v_fma(v_set1(0.3275911f), a, one));
+}
+static inline vreal FN(v_erfc_poly)(vreal t, float scale) {
   vreal r = v_set1(1.061405429f * scale);
   r = v_fma(r, t, v_set1(-1.453152027f * scale));
   r = v_fma(r, t, v_set1(1.421413741f * scale));
   r = v_fma(r, t, v_set1(-0.284496736f * scale));
-  r = v_fma(r, t, v_set1(0.254829592f * scale));
-  r = v_mul(r, t);
-  return v_mul(r, exp_minus_a2);
+  return v_fma(r, t, v_set1(0.254829592f * scale));
 }
 
-/* erf(x) = 1 - erfc(|x|) with x's sign. Its exp(-x^2) also skips the
- * underflow select (1 operation with v_scale_pow2, 2 without): for
- * |x| > 9.34 it is exp(-87.33) ~ 1.2e-38 instead of 0 and 1 - erfc is 1
- * either way, so erf keeps v_exp's bits. With v_exp_nonpositive's savings
- * the float exact-GELU pass ran 14% (AVX2) and 11% (AVX-512) faster, same
- * bits (one thread, 64 Ki values, both builds alternating in one process,
- * medians of 41 rounds, loaded machine). */
+/* erf(x) = 1 - erfc(|x|) with x's sign, in PyTorch's operations: the
+ * ending 1 - p(t) (t exp(-x^2)) rounds once, x's sign goes on by an xor.
+ * exp(-x^2) skips the underflow select: for |x| > 9.34 it is exp(-87.33)
+ * ~ 1.2e-38 instead of 0, and 1 - erfc is 1 either way. */
 static inline vreal FN(v_erf)(vreal x) {
-  const vreal a = v_abs(x);
-  const vreal minus_a2 = v_sub(v_zero(), v_mul(a, a));
-  const vreal e = FN(v_exp_clamped)(v_max(v_set1(EXP_CLAMP_BELOW), minus_a2));
-  return v_copysign(v_sub(v_set1(1.0f), FN(v_erfc_scaled)(a, 1.0f, e)), x);
+  const vreal minus_x2 = v_fnma(x, x, v_zero());
+  const vreal e = FN(v_exp_clamped)(v_max(v_set1(EXP_CLAMP_BELOW), minus_x2));
+  const vreal t = FN(v_erfc_t)(v_abs(x));
+  return v_flip_sign(v_fnma(FN(v_erfc_poly)(t, 1.0f), v_mul(t, e), v_set1(1.0f)), x);
 }
 /* The same formulas as the scalar activate_row (activation.h) and PyTorch,
  * so NaN and +-inf come out the same. */
@@ -130,8 +136,9 @@ static inline vreal FN(v_relu)(vreal v) {
 static inline vreal FN(v_normal_cdf)(vreal z) {
 #if STORE_ROUNDS_TO_BF16
   const vreal a = v_abs(v_mul(z, v_set1(0.70710678118654752f)));
-  const vreal tail =
-      FN(v_erfc_scaled)(a, 0.5f, FN(v_exp_nonpositive)(v_sub(v_zero(), v_mul(a, a))));
+  const vreal t = FN(v_erfc_t)(a);
+  const vreal tail = v_mul(v_mul(FN(v_erfc_poly)(t, 0.5f), t),
+                           FN(v_exp_nonpositive)(v_sub(v_zero(), v_mul(a, a))));
   return v_select_greater(z, v_zero(), v_sub(v_set1(1.0f), tail), tail);
 #else
   return v_mul(v_set1(0.5f), v_add(v_set1(1.0f), FN(v_erf)(v_mul(z, v_set1(0.70710678118654752f)))));
@@ -151,23 +158,16 @@ static inline vreal FN(v_gelu)(vreal v) {
  * cancelling for negative z (max relative error 3.0e-4 -> 1.1e-6), and
  * the same NaN / -0 where z^3 overflows or z is infinite. */
 static inline vreal FN(v_gelu_tanh)(vreal v) {
-#if STORE_ROUNDS_TO_BF16
   /* -2u = v (-2c - 2c kappa v^2), its constants folded: 3 operations, not 6 */
   const vreal minus_2u =
       v_mul(v, v_fma(v_mul(v, v), v_set1(-2.0f * 0.79788456080286535588f * 0.044715f),
                      v_set1(-2.0f * 0.79788456080286535588f)));
-  return v_div(v, v_add(v_set1(1.0f), FN(v_exp)(minus_2u)));
-#else
-  const vreal cube_term = v_mul(v_set1(0.044715f), v_mul(v, v_mul(v, v)));
-  const vreal inner = v_mul(v_set1(0.79788456080286535588f), v_add(v, cube_term));
-  const vreal e = FN(v_exp)(v_mul(v_set1(-2.0f), inner));
-  return v_div(v, v_add(v_set1(1.0f), e));
-#endif
+  return v_div(v, FN(v_one_plus_exp)(minus_2u));
 }
 
+/* v / (1 + exp(-v)), as PyTorch's vectorised SiLU */
 static inline vreal FN(v_silu)(vreal v) {
-  const vreal one = v_set1(1.0f);
-  return v_mul(v, v_div(one, v_add(one, FN(v_exp)(v_sub(v_zero(), v)))));
+  return v_div(v, FN(v_one_plus_exp)(v_sub(v_zero(), v)));
 }
 
 /* Applies an activation to `count` vectors in place; the switch sits outside
@@ -254,7 +254,7 @@ static inline vreal FN(v_gelu_tanh_grad)(vreal z) {
 
 static inline vreal FN(v_silu_grad)(vreal z) {
   const vreal one = v_set1(1.0f);
-  const vreal s = v_div(one, v_add(one, FN(v_exp)(v_sub(v_zero(), z))));
+  const vreal s = v_div(one, FN(v_one_plus_exp)(v_sub(v_zero(), z)));
   return v_mul(s, v_fma(z, v_sub(one, s), one));
 }
 
