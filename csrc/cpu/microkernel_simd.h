@@ -227,7 +227,10 @@ static FMLP_ALWAYS_INLINE void FN(prefetch_panel_row)(const REAL *row, int64_t w
  * a just-in-time weight block's panels packed one at a time as the first
  * input panel's tiles reach them (in L1 when first multiplied) rather than
  * the whole block before its tiles, linear 1.00-1.03 (1024 rows 1.00-1.06),
- * GeGLU 1.01, AVX2 1.00-1.01; the K loops unrolled 4 rather than 2 0.98-1.01.
+ * GeGLU 1.01, AVX2 1.00-1.01; the K loops unrolled 4 rather than 2 0.98-1.01;
+ * MKL's 8 x 48 tile (perf annotate of mkl_blas_avx512_sgemm_kernel_0: b a
+ * K step ahead, both streams prefetched, prefetchw of C) in our tile order,
+ * gated 4 x 48, linear 0.98-1.02, GeGLU 1.02-1.03 (slower; it moves K splits).
  * So neither the output tile's lines, the next input panel, the weight
  * block's first pass nor the block sizes hold the few percent.
  *
