@@ -7,10 +7,11 @@
  * median GFLOP/s of each. One thread's CPU time: other processes on the
  * core cost it little, though they still share its caches.
  *
- * Cases: linear GELU at 512 rows (one row block, weights packed just in
- * time), the study MLP at 2048 rows and the GeGLU block at 1024 tokens
- * (row blocks cut as for two threads, run one after another on this one),
- * and the GeGLU block at 256 tokens. */
+ * Cases: linear GELU at 512 rows (`linear`) and 1024 rows (`linear1024`;
+ * both one row block, weights packed just in time), the study MLP at 2048
+ * rows and the GeGLU block at 1024 tokens (row blocks cut as for two
+ * threads, run one after another on this one), and the GeGLU block at 256
+ * tokens. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdint.h>
 #include <stdio.h>
@@ -94,9 +95,8 @@ static void compare(const char *what, const op *o, int rounds, double flops) {
   fflush(stdout);
 }
 
-static void linear_cases(int rounds) {
+static void linear_cases(int rounds, int64_t rows) {
   static const int64_t shapes[][2] = {{768, 3072}, {3072, 768}, {1024, 4096}};
-  const int64_t rows = 512;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
     const int64_t k = shapes[s][0], n = shapes[s][1];
     const int64_t widths[2] = {k, n};
@@ -159,14 +159,24 @@ static void gated_cases(int rounds) {
   }
 }
 
+/* Whether the comma-separated list `cases` names `name`. */
+static int names(const char *cases, const char *name) {
+  const size_t length = strlen(name);
+  for (const char *at = cases; (at = strstr(at, name)) != NULL; at += length) {
+    if ((at == cases || at[-1] == ',') && (at[length] == ',' || at[length] == '\0')) return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 15;
   const char *cases = argc > 2 ? argv[2] : "linear,mlp,gated";
   if (rounds < 1) rounds = 1;
   if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
   printf("one thread, %d rounds, B/A of the float32 %s unit\n", rounds, STRING(ISA));
-  if (strstr(cases, "linear")) linear_cases(rounds);
-  if (strstr(cases, "mlp")) mlp_case(rounds);
-  if (strstr(cases, "gated")) gated_cases(rounds);
+  if (names(cases, "linear")) linear_cases(rounds, 512);
+  if (names(cases, "linear1024")) linear_cases(rounds, 1024);
+  if (names(cases, "mlp")) mlp_case(rounds);
+  if (names(cases, "gated")) gated_cases(rounds);
   return 0;
 }

@@ -206,7 +206,38 @@ static FMLP_ALWAYS_INLINE void FN(prefetch_panel_row)(const REAL *row, int64_t w
  * earlier sums reloaded 0.92-0.96, weight blocks changing as the product's do
  * (from L3) 0.88, the whole product 0.87-0.92; perf puts 94% of it in the
  * micro-kernel, its samples spread evenly over the K loop: small losses at
- * each step, no one place.
+ * each step, no one place. Then, aimed at those steps (simd_ab.py, AVX-512
+ * unless said, one thread, medians of 15-31 alternating rounds, load 4-9.5
+ * on 2 cores; linear: its three shapes at 512 rows, GeGLU: 256 and 1024
+ * tokens; B's time over A's, whose quartiles spanned +-2-5%: 0.98-1.02 is
+ * level), all level or slower, none kept: the tile's own output rows (24
+ * lines; the gated kernel's product rows, and gate's and up's when stored)
+ * asked for 32 K steps before its end, as MKL's kernels do, so that its
+ * stores find their lines: prefetcht0 linear 0.98-1.01, GeGLU 0.99-1.01;
+ * prefetchw (-mprfchw) linear 0.97-1.02 over two runs, GeGLU 0.99-1.00,
+ * at 1024 rows 0.98-1.00, AVX2 linear 1.00-1.01, GeGLU 1.00-1.01; 96 steps
+ * before its end linear 1.00-1.02, GeGLU 0.99-1.00; the next input panel
+ * asked for a line each K step in every tile 1.03-1.04 linear, 1.00-1.02
+ * GeGLU; the weight panel 8, 24 or 32 K steps ahead 1.00-1.02 (as before);
+ * the weight block (choose_blocks' nc) at 3/4 of the L2 rather than half
+ * 1.01-1.04, at 3/8 0.96-1.00 in one run, 0.99-1.03 in a second of 31
+ * rounds, 1.00-1.03 at 1024 rows, AVX2 0.99-1.01, at 1/4 at 1024 rows
+ * 0.99-1.03; the input block (mc, where weights are packed ahead: the study
+ * MLP at 2048 rows) at 1/2 or 1/8 of the L2 rather than 1/4, 1.005 and 0.994;
+ * a just-in-time weight block's panels packed one at a time as the first
+ * input panel's tiles reach them (in L1 when first multiplied) rather than
+ * the whole block before its tiles, linear 1.00-1.03 (1024 rows 1.00-1.06),
+ * GeGLU 1.01, AVX2 1.00-1.01; the K loops unrolled 4 rather than 2 0.98-1.01;
+ * MKL's 8 x 48 tile (perf annotate of mkl_blas_avx512_sgemm_kernel_0: b a
+ * K step ahead, both streams prefetched, prefetchw of C) in our tile order,
+ * gated 4 x 48, linear 0.98-1.02, GeGLU 1.02-1.03 (slower; it moves K splits).
+ * With MKL as the control (simd_efficiency.py paired, 504 rows, three runs
+ * of each build interleaved, MKL's time a flop): this code up 1.07-1.11,
+ * down 1.09-1.10, gated 1.05-1.09; C's rows by prefetchw 1.08-1.14, 1.11,
+ * 1.06-1.20; the weight block at 3/8 of the L2 1.06-1.08, 1.09-1.16,
+ * 1.07-1.12.
+ * So neither the output tile's lines, the next input panel, the weight
+ * block's first pass nor the block sizes hold the few percent.
  *
  * acc[i][v] += sum_kk a_rows[i][kk * a_k_stride] * b[kk * nv * W + v * W] for
  * i < mr, v < nv: mr and nv are constants in each caller, so the tile stays in
