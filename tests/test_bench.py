@@ -117,6 +117,15 @@ def test_the_portable_float32_peak_is_sse2_multiply_then_add() -> None:
     assert gflops is not None and gflops > 0
 
 
+def test_weight_cache_option_turns_it_on_and_says_so(tmp_path: Path) -> None:
+    result = run_bench(tmp_path, "--weight-cache", "64", "--cases", "large_gemm", "--no-compile")
+    assert json.loads((tmp_path / "bench.json").read_text())["machine"]["weight_cache_mib"] == 64
+    assert "read their weights packed once (FUSEDMLP_WEIGHT_CACHE_MB=64)" in result.stdout
+    result = run_bench(tmp_path, "--cases", "large_gemm", "--no-compile")
+    assert json.loads((tmp_path / "bench.json").read_text())["machine"]["weight_cache_mib"] == 0
+    assert "packed once" not in result.stdout
+
+
 def test_emulated_cpu_environment_is_the_childs_and_only_the_childs() -> None:
     emulation = EMULATIONS["avx2"]
     assert not environment_matches(emulation, {"FUSEDMLP_ISA": "avx2"})

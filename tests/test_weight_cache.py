@@ -1,7 +1,8 @@
 """The CPU inference ops' packed-weight cache (csrc/torch/weight_cache.cpp): the same bits
 with and without it, never a stale copy (in-place updates, load_state_dict, `.data =`, a
-freed weight's address), bounded, safe from several threads, off with
-FUSEDMLP_WEIGHT_CACHE_MB=0, unused by training calls, inference tensors and autocast's casts."""
+freed weight's address), bounded, safe from several threads, off unless
+FUSEDMLP_WEIGHT_CACHE_MB is set and with 0, unused by training calls, inference tensors and
+autocast's casts."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from conftest import transposed_layout
 from torch import Tensor
 
 ENV = "FUSEDMLP_WEIGHT_CACHE_MB"
+ON = "256"  # MiB: room for every weight these tests cache
 FEW_ROWS = 8  # rows that read weights in place (up to GEMM_UNPACKED_MAX_ROWS, but portable)
 # one row block packing weights just in time, and row blocks over weights packed ahead
 # (drivers.h's GEMM_JIT_MAX_ROWS, 512, for these small weights)
@@ -24,8 +26,8 @@ DIM, HIDDEN = 160, 288  # past a K block's edge tiles: odd panels and tiles
 
 @pytest.fixture(autouse=True)
 def fresh_cache(monkeypatch) -> None:
-    """Each test starts from an empty cache at its default bound."""
-    monkeypatch.delenv(ENV, raising=False)
+    """Each test starts from an empty cache, turned on."""
+    monkeypatch.setenv(ENV, ON)
     fusedmlp.clear_weight_cache()
     yield
     fusedmlp.clear_weight_cache()
@@ -41,7 +43,7 @@ def uncached(monkeypatch, run: Callable[[], Tensor]) -> Tensor:
     try:
         return run()
     finally:
-        monkeypatch.delenv(ENV)
+        monkeypatch.setenv(ENV, ON)
 
 
 def ops(dtype: torch.dtype, generator: torch.Generator) -> dict[str, tuple[Callable, list]]:
@@ -181,6 +183,19 @@ def test_off_with_zero(monkeypatch, generator) -> None:
     call(x, weights)  # drops what it held, caches nothing
     assert fusedmlp.weight_cache_info()["entries"] == 0
     assert fusedmlp.weight_cache_info()["limit_bytes"] == 0
+
+
+def test_off_by_default(monkeypatch, generator) -> None:
+    """Unset, the cache neither fills nor answers: weights are read as they are each call."""
+    monkeypatch.delenv(ENV)
+    call, weights = ops(torch.float32, generator)["gated"]
+    x = torch.randn(ROWS[0], DIM, generator=generator)
+    first = call(x, weights)
+    with torch.no_grad():
+        weights[0].data.add_(1)  # unseen by the version counter: a cache would go stale here
+    assert not torch.equal(call(x, weights), first)
+    info = fusedmlp.weight_cache_info()
+    assert (info["entries"], info["limit_bytes"]) == (0, 0)
 
 
 def test_bad_bound_is_named(monkeypatch, generator) -> None:

@@ -28,13 +28,16 @@
 namespace fusedmlp {
 namespace {
 
-// 256 MiB: a few percent of a laptop's memory, and room for the packed MLP
-// weights of a 12-layer, 768-wide transformer in float32 (12 x 2 x 768 x
-// 3072 x 4 bytes = 216 MiB), twice that in bfloat16.
-constexpr int64_t kDefaultLimitMiB = 256;
+// Off unless asked for: a write the version counter does not see (through a
+// `.data` alias, numpy, DLPack) would leave a stale copy and a silently wrong
+// result, so, like Inductor's freezing or ipex.optimize, reading weights as
+// constants is the user's choice. 256 MiB holds the packed MLP weights of a
+// 12-layer, 768-wide transformer in float32 (12 x 2 x 768 x 3072 x 4 bytes =
+// 216 MiB), twice that in bfloat16.
+constexpr int64_t kDefaultLimitMiB = 0;
 
-// The bound in bytes: FUSEDMLP_WEIGHT_CACHE_MB MiB (0: no cache), read at each
-// call like FUSEDMLP_ISA, so a change applies from the next call on.
+// The bound in bytes: FUSEDMLP_WEIGHT_CACHE_MB MiB (0, the default: no cache),
+// read at each call like FUSEDMLP_ISA, so a change applies from the next call.
 int64_t limit_bytes() {
   const char *value = std::getenv("FUSEDMLP_WEIGHT_CACHE_MB");
   if (value == nullptr || *value == '\0') return kDefaultLimitMiB << 20;

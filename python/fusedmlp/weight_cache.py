@@ -4,9 +4,10 @@ Calls nothing will differentiate (no grad, or weights that do not require it) re
 weight packed once for the kernels, keyed on where its values lie, its shape, strides,
 dtype, the kernel unit and its version counter, so an in-place update, `load_state_dict`
 or `.data =` makes the next call pack it again. The cache holds up to
-FUSEDMLP_WEIGHT_CACHE_MB MiB of packed copies (default 256; 0 turns it off), least
-recently used out first. Writes the version counter does not see (through `.data`, or
-memory shared with numpy) are not seen: call clear_weight_cache() after them."""
+FUSEDMLP_WEIGHT_CACHE_MB MiB of packed copies, least recently used out first. It is off
+unless that variable is set (0, the default, turns it off): writes the version counter does
+not see (through `.data`, or memory shared with numpy) are not seen and would leave a stale
+copy; call clear_weight_cache() after them."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
     python -m fusedmlp.bench [--device cpu|cuda] [--dtype float32] [--quick] [--out DIR]
                              [--cases a,b] [--no-compile] [--no-compile-max]
                              [--min-run-time S] [--threads N] [--emulate-cpu avx2]
+                             [--weight-cache MIB]
 
 Variants: eager, torch.compile (default mode), compile-max (inference cases only:
 torch.compile with mode="max-autotune" and Inductor freezing, which lets Inductor treat the
@@ -18,6 +19,8 @@ at the portable level on x86-64; for bfloat16 what the level in use multiplies o
 avx512_amx, the AVX512-BF16 dot product at avx512_bf16) on as many threads as torch uses.
 --emulate-cpu avx2 runs the sweep as an AVX2-only CPU would (emulate.py): our kernels and
 torch's (MKL, oneDNN, ATen) limited to AVX2, in a child process, against the AVX2 FMA peak.
+--weight-cache MIB sets FUSEDMLP_WEIGHT_CACHE_MB for the run: fused's inference calls then read
+their weights packed once (off by default), as compile-max's freezing reads them as constants.
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--emulate-cpu", choices=list(EMULATIONS), default=None,
                         help="run as a CPU whose best level is this one: fused and eager "
                              "(MKL, oneDNN, ATen) both limited to it")
+    parser.add_argument("--weight-cache", type=int, default=None, metavar="MIB",
+                        help="FUSEDMLP_WEIGHT_CACHE_MB for the run: fused's inference calls "
+                             "read their weights packed once (default: the environment's, off)")
     return parser.parse_args(argv)
 
 
@@ -216,6 +222,7 @@ def machine_description(args: argparse.Namespace) -> dict:
         "peak_kind": None,  # what peak_gflops times: peak.PeakLoop.kind
         "emulated_cpu": args.emulate_cpu,  # --emulate-cpu: torch limited to it too
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "weight_cache_mib": _C.weight_cache_info()["limit_bytes"] >> 20,
     }
     if args.device == "cuda":
         description["gpu"] = torch.cuda.get_device_name()
@@ -249,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--dtype {args.dtype}: the fused {args.device} kernels take {supported}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.weight_cache is not None:
+        os.environ["FUSEDMLP_WEIGHT_CACHE_MB"] = str(args.weight_cache)
     cases = select_cases(args.cases)
     started = time.perf_counter()
     machine = machine_description(args)
@@ -261,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
           + (f"{machine['peak_kind']} peak {peak:.1f} GFLOP/s" if peak else "peak n/a"))
     if args.emulate_cpu is not None:
         print(describe(EMULATIONS[args.emulate_cpu]))
+    if machine["weight_cache_mib"]:
+        print(f"fused's inference calls read their weights packed once "
+              f"(FUSEDMLP_WEIGHT_CACHE_MB={machine['weight_cache_mib']})")
     print(format_table(results, peak))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "bench.json", machine, results)
