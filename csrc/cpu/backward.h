@@ -379,36 +379,34 @@ static int FN(few_rows_gated_fits)(const fmlp_cpu_gated_block_backward_args *a) 
 
 /* ---- up to a few hundred rows: products split by columns ---- */
 
-/* Up to BACKWARD_COLUMNS_MAX_ROWS rows a backward runs as the forward's
- * single row block does: stages of one parallel region, each splitting its
- * products' output columns over the threads, the pointwise work on a
- * product's output following on the columns its task just wrote. Few rows
- * read b in place (small_product_columns); more run the forward's packing
- * and micro-kernels with b's blocks packed just in time into each task's
- * scratch (gemm.h's weight_blocks): no weight-sized buffer, its page faults
- * or its trip through memory, where splitting rows (below) packs each
- * transposed weight whole for every task to read. Each task packs the whole
- * input of its products instead. Measured on the Xeon at 256 rows against
- * the row split (same process, alternating, backward only; machine loaded,
- * load average 3-5 on 2 cores), column split / row split, min: one thread's
- * CPU time, 512^3 ReLU chain 0.99 float32, 1.01 bfloat16, GeGLU 768 -> 3072
- * -> 768 0.98 and 1.02, its dX 0.92 and 0.98, its dW 1.01 and 0.98; two
- * threads' wall time, GeGLU 0.90 and 0.86 (the weight-sized packs' page
+/* Up to BACKWARD_COLUMNS_MAX_ROWS rows a backward runs as the forward's single
+ * row block does: stages of one parallel region, each splitting its products'
+ * output columns over the threads, the pointwise work on a product's output
+ * following on the columns its task just wrote. Few rows read b in place
+ * (small_product_columns); more run the forward's packing and micro-kernels
+ * with b's blocks packed just in time into each task's scratch (gemm.h's
+ * weight_blocks): no weight-sized buffer, its page faults or its trip through
+ * memory, where splitting rows (below) packs each transposed weight whole for
+ * every task to read. The tasks pack each product's a (its input, in gemm.h's
+ * terms) once between them (shared_a). Measured on the Xeon at 256 rows
+ * against the row split (same process, alternating, backward only; machine
+ * loaded, load average 3-5 on 2 cores), column split / row split, min: one
+ * thread's CPU time, 512^3 ReLU chain 0.99 float32, 1.01 bfloat16, GeGLU 768
+ * -> 3072 -> 768 0.98 and 1.02, its dX 0.92 and 0.98, its dW 1.01 and 0.98;
+ * two threads' wall time, GeGLU 0.90 and 0.86 (the weight-sized packs' page
  * faults gone), the chain 0.85-0.94 float32 and 0.97-1.13 bfloat16 (two
  * threads' medians were scheduler quanta). Against the build before (one
- * process per build, alternating, one thread's CPU time, min over 3-5
- * rounds): 512^3 chain 0.88-0.95 float32 with dX and without (each round
- * 0.73-0.95), 0.94-0.99 bfloat16 (0.69-1.20); GeGLU 0.95 bfloat16 but 1.04
- * float32 (each round 1.04-1.16), the one case that may lose (each 512-row
- * chunk of its 3072-row dW repacks x's block). The bound
- * is the forward's; 0 here restores the row split past few rows. */
+ * process per build, alternating, one thread's CPU time, min over 3-5 rounds):
+ * 512^3 chain 0.88-0.95 float32 with dX and without (each round 0.73-0.95),
+ * 0.94-0.99 bfloat16 (0.69-1.20); GeGLU 0.95 bfloat16 but 1.04 float32 (each
+ * round 1.04-1.16), the one case that lost, as each 512-row chunk of its
+ * 3072-row dW repacked x's block. With a packed once (shared_a), float32
+ * against the row split (C harness, both in one process alternating call by
+ * call, 15 rounds, load average ~8 on 2 cores, median of the rounds' ratios):
+ * one task, GeGLU 0.96, the chain 0.95; a 2-task split's work on one thread,
+ * 0.99 and 0.98. The bound is the forward's; 0 here restores the row split
+ * past few rows. */
 #define BACKWARD_COLUMNS_MAX_ROWS GEMM_JIT_MAX_ROWS
-
-/* A dW's rows are a layer's width, maybe thousands: a packed product takes
- * its rows in chunks of up to this many, each one input block (for_each_tile
- * packs all the rows it is given before the weight blocks sweep them), so
- * the block stays near the L2 as in the forward's row block. */
-#define BACKWARD_ROW_CHUNK GEMM_JIT_MAX_ROWS
 
 /* Where a column-split backward's products find b: weight_block_at < 0, in
  * place (few rows); else packed a block at a time into each task's scratch,
@@ -421,12 +419,64 @@ static int64_t FN(column_unit)(int64_t weight_block_at) {
   return GEMM_NR; /* whole panels of the packed b */
 }
 
-/* c[m, n] (row stride ldc) = a[m, k] @ b[k, n] for columns [j0, j0 + count):
- * each element sums over K in the same blocks whichever task computes it, so
- * gradients do not depend on the thread count. */
+/* A packed product's a, packed whole once for the tasks that split its
+ * columns: gemm.h's shared_input_elems layout, in a stage of its own before
+ * the product (each task packing a share of its panels, shared_a_part),
+ * where each task had packed all of a for its columns (2 threads packed it
+ * twice). The whole of a then streams its panels past each weight block
+ * (for_each_tile with packed_x), so a dW of thousands of rows (a layer's
+ * width) packs each of b's blocks once: it had taken its rows in chunks of
+ * 512, each one input block near the L2, and repacked b's block for every
+ * chunk (6 times for a GeGLU's 3072-row dW). Measured on the Xeon against
+ * that (C harness, both builds' float32 AVX-512 and bfloat16 AMX units in
+ * one process, alternating call by call, 11-25 rounds, backward only at 256
+ * rows; machine loaded, load average 4-8.5 on 2 cores), median of the
+ * rounds' time ratios, one thread's CPU time: the two tasks of a 2-thread
+ * split run one after the other (the split's total work), float32 512^3
+ * ReLU chain 0.94-0.96, GeGLU 768 -> 3072 -> 768 0.95-0.96; bfloat16 0.94
+ * and 0.91; one task alone, float32 1.00-1.01 and 0.95-0.98, bfloat16 0.98
+ * and 0.98. Gradients bit-identical. Two threads' wall time was scheduler
+ * noise at that load. */
+typedef struct {
+  fmlp_input a;
+  int64_t m, k;
+  REAL *packed; /* NULL: not wanted */
+} FN(shared_a);
+
+/* a (m x k) to pack at elements `at` of `base` when wanted (base NULL: no
+ * product packs its a). */
+static FN(shared_a) FN(shared_a_of)(fmlp_input a, int64_t m, int64_t k, int wanted, REAL *base,
+                                    int64_t at) {
+  return (FN(shared_a)){a, m, k, wanted && base != NULL ? base + at : NULL};
+}
+
+/* Elements of a's pack, whole cache lines so that the next pack starts on
+ * one; -1 on overflow. */
+static int64_t FN(shared_a_elems)(int64_t m, int64_t k) {
+  int64_t elems = FN(shared_input_elems)(m, k, 1);
+  if (elems < 0 || !fmlp_checked_add(elems, CACHE_LINE_REALS - 1, &elems)) return -1;
+  return elems / CACHE_LINE_REALS * CACHE_LINE_REALS;
+}
+
+/* Task `task` of n_tasks's share of packing the wanted ones of n `packs`. */
+static void FN(shared_a_part)(const FN(shared_a) *packs, int64_t n, int64_t task,
+                              int64_t n_tasks) {
+  for (int64_t i = 0; i < n; ++i) {
+    const FN(shared_a) *p = &packs[i];
+    if (p->packed != NULL) {
+      FN(pack_shared_input_part)(p->a, p->m, p->k, 1, task, n_tasks, p->packed);
+    }
+  }
+}
+
+/* c[m, n] (row stride ldc) = a[m, k] @ b[k, n] for columns [j0, j0 + count),
+ * b read in place (weight_block_at < 0, few rows) or packed a block at a
+ * time, a then packed whole in packed_a (shared_a): each element sums over K
+ * in the same blocks whichever task computes it, so gradients do not depend
+ * on the thread count. */
 static void FN(product_columns)(int64_t weight_block_at, int64_t m, int64_t k, fmlp_input a,
-                                fmlp_input b, int64_t n, STORE *c, int64_t ldc, int64_t j0,
-                                int64_t count, REAL *task_pack) {
+                                const REAL *packed_a, fmlp_input b, int64_t n, STORE *c,
+                                int64_t ldc, int64_t j0, int64_t count, REAL *task_pack) {
 #if FMLP_TRANSPOSED_KERNELS
   if (weight_block_at < 0) {
     FN(small_product_columns)(m, k, a.data, a.row_stride, a.col_stride, b.data, b.row_stride, c,
@@ -435,13 +485,9 @@ static void FN(product_columns)(int64_t weight_block_at, int64_t m, int64_t k, f
   }
 #endif
   const FN(packed_weight) w = {.data = NULL, .source = FN(transposed)(b), .n = n, .k = k};
-  for (int64_t i = 0; i < m; i += BACKWARD_ROW_CHUNK) {
-    const int64_t rows = m - i < BACKWARD_ROW_CHUNK ? m - i : BACKWARD_ROW_CHUNK;
-    const fmlp_input x = {(const STORE *)a.data + i * a.row_stride, a.row_stride, a.col_stride};
-    FN(gemm_rows_columns)(x, NULL, NULL, rows, &w, j0, count, NULL, FMLP_ACT_NONE,
-                          (FN(product_out)){.c = c + i * ldc, .ldc = ldc}, task_pack,
-                          FN(weight_block_in)(task_pack, weight_block_at));
-  }
+  FN(gemm_rows_columns)(a, NULL, packed_a, m, &w, j0, count, NULL, FMLP_ACT_NONE,
+                        (FN(product_out)){.c = c, .ldc = ldc}, task_pack,
+                        FN(weight_block_in)(task_pack, weight_block_at));
 }
 
 /* A task's scratch for packed products: the largest input pack and weight
@@ -450,10 +496,12 @@ typedef struct {
   int64_t input, block;
 } FN(pack_need);
 
+/* A product of m rows over K = k: its a comes packed (shared_a) but where
+ * b is read in place (m at most GEMM_UNPACKED_MAX_ROWS and b's rows
+ * contiguous: gemm_rows_shared's transposed kernels), which packs a into
+ * the task's scratch. */
 static void FN(need_product)(FN(pack_need) *need, int64_t m, int64_t k) {
-  const int64_t rows = m < BACKWARD_ROW_CHUNK ? m : BACKWARD_ROW_CHUNK;
-  FN(max_elems)(&need->input, FN(input_pack_elems)(rows, k));
-  FN(max_elems)(&need->input, FN(whole_input_pack_elems)(rows, k));
+  FN(max_elems)(&need->input, m <= GEMM_UNPACKED_MAX_ROWS ? FN(input_pack_elems)(m, k) : 0);
   FN(max_elems)(&need->block, FN(weight_block_elems)(k, 1));
 }
 
@@ -494,11 +542,15 @@ static void FN(column_sums_slice)(const STORE *m, int64_t rows, int64_t width, i
 
 /* A column-split chain backward: grad_pre[l] is where layer l's grad *
  * act'(pre) lies (grad_y itself for a top layer without activation; else one
- * of two rows x max-width scratch matrices, alternating downwards). */
+ * of two rows x max-width scratch matrices, alternating downwards). Packed
+ * products (shared not NULL) take two stages a layer: one packing layer l's
+ * a for dW_l (grad_pre_l^T) into shared and for dX (grad_pre_l) dx_at
+ * elements in, one running both products. */
 typedef struct {
   const fmlp_cpu_chain_backward_args *args;
   STORE *scratch;
-  int64_t max_width;
+  REAL *shared; /* NULL: few rows, b read in place and nothing packed */
+  int64_t max_width, dx_at;
   int64_t weight_block_at; /* see column_unit */
 } FN(columns_backward);
 
@@ -507,6 +559,23 @@ static STORE *FN(columns_grad_pre)(const FN(columns_backward) *bw, int64_t l) {
   const int64_t top = a->n_layers - 1;
   if (l == top && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y;
   return bw->scratch + ((top - l) % 2) * a->rows * bw->max_width;
+}
+
+/* Where layer l's dX goes: the grad_pre of the layer below, or grad_x (NULL
+ * when not wanted). */
+static STORE *FN(columns_grad_below)(const FN(columns_backward) *bw, int64_t l) {
+  return l > 0 ? FN(columns_grad_pre)(bw, l - 1) : bw->args->grad_x;
+}
+
+/* Layer l's products' a: dW_l's grad_pre_l^T, dX's grad_pre_l. */
+static void FN(layer_packs)(const FN(columns_backward) *bw, int64_t l, FN(shared_a) packs[2]) {
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  const int64_t rows = a->rows, width = a->widths[l + 1];
+  const fmlp_input grad_pre = {FN(columns_grad_pre)(bw, l), width, 1};
+  packs[0] = FN(shared_a_of)(FN(transposed)(grad_pre), width, rows, a->grad_weights[l] != NULL,
+                             bw->shared, 0);
+  packs[1] = FN(shared_a_of)(grad_pre, rows, width, FN(columns_grad_below)(bw, l) != NULL,
+                             bw->shared, bw->dx_at);
 }
 
 /* Columns [j0, j0 + count) of layer l's grad_pre, from its grad (in grad_pre
@@ -532,17 +601,22 @@ static void FN(finish_grad_pre_columns)(const FN(columns_backward) *bw, int64_t 
 
 /* Whether the top layer's grad_pre needs a stage of its own: only through an
  * activation, as the layers below read it whole. Without one, grad_pre is
- * grad_y and the top bias's sums ride along the top layer's products' stage,
- * a barrier fewer. */
+ * grad_y and the top bias's sums ride along the top layer's first stage, a
+ * barrier fewer. */
 static int64_t FN(columns_top_stages)(const fmlp_cpu_chain_backward_args *a) {
   return a->final_activation != FMLP_ACT_NONE;
 }
 
+/* Stages a layer: its products, after a stage packing their a if packed. */
+static int64_t FN(stages_per_layer)(const FN(columns_backward) *bw) {
+  return bw->shared != NULL ? 2 : 1;
+}
+
 /* Stage 0, with an activation on the top layer: its grad_pre. Then per layer
- * l from the top, task `task`'s columns [j0, j0 + count) of its input width:
- * dW_l's columns, then dX's, finished into the layer below's grad_pre; the
- * top layer's stage also sums a share of its bias's columns when it had no
- * stage 0. */
+ * l from the top, the stage packing its products' a (if packed), and task
+ * `task`'s columns [j0, j0 + count) of its input width: dW_l's columns, then
+ * dX's, finished into the layer below's grad_pre; the top layer's first stage
+ * also sums a share of its bias's columns when it had no stage 0. */
 static void FN(columns_backward_part)(const void *block, int64_t stage, int64_t task,
                                       int64_t n_tasks, REAL *task_pack) {
   const FN(columns_backward) *bw = block;
@@ -555,19 +629,26 @@ static void FN(columns_backward_part)(const void *block, int64_t stage, int64_t 
     if (count > 0) FN(finish_grad_pre_columns)(bw, top, a->grad_y, j0, count);
     if (top_stages > 0) return;
   }
-  const int64_t l = top - (stage - top_stages), width = a->widths[l + 1], k = a->widths[l];
+  const int64_t per_layer = FN(stages_per_layer)(bw), layer_stage = stage - top_stages;
+  const int64_t l = top - layer_stage / per_layer, width = a->widths[l + 1], k = a->widths[l];
+  FN(shared_a) packs[2];
+  FN(layer_packs)(bw, l, packs);
+  if (layer_stage % per_layer == 0 && per_layer == 2) {
+    FN(shared_a_part)(packs, 2, task, n_tasks);
+    return;
+  }
   FN(even_split)(k, unit, n_tasks, task, &j0, &count);
   if (count == 0) return;
   const fmlp_input grad_pre = {FN(columns_grad_pre)(bw, l), width, 1};
   if (a->grad_weights[l] != NULL) {
     const fmlp_input input = l == 0 ? a->x : (fmlp_input){a->saved_hidden[l - 1], k, 1};
-    FN(product_columns)(bw->weight_block_at, width, rows, FN(transposed)(grad_pre), input, k,
-                        a->grad_weights[l], k, j0, count, task_pack);
+    FN(product_columns)(bw->weight_block_at, width, rows, FN(transposed)(grad_pre),
+                        packs[0].packed, input, k, a->grad_weights[l], k, j0, count, task_pack);
   }
-  STORE *grad_below = l > 0 ? FN(columns_grad_pre)(bw, l - 1) : a->grad_x;
+  STORE *grad_below = FN(columns_grad_below)(bw, l);
   if (grad_below == NULL) return;
-  FN(product_columns)(bw->weight_block_at, rows, width, grad_pre, a->weights[l], k, grad_below,
-                      k, j0, count, task_pack);
+  FN(product_columns)(bw->weight_block_at, rows, width, grad_pre, packs[1].packed,
+                      a->weights[l], k, grad_below, k, j0, count, task_pack);
   if (l > 0) FN(finish_grad_pre_columns)(bw, l - 1, grad_below, j0, count);
 }
 
@@ -578,6 +659,7 @@ static fmlp_status FN(chain_backward_columns)(const fmlp_cpu_chain_backward_args
   const int64_t rows = a->rows;
   FN(columns_backward) bw = {.args = a, .weight_block_at = -1};
   FN(pack_need) need = {0, 0};
+  int64_t dx_elems = 0; /* the largest dX's a packed; dx_at: dW's */
   /* multiply-adds, saturating: they only choose whether to split */
   int64_t multiply_adds = 0;
   for (int64_t l = 0; l < a->n_layers; ++l) {
@@ -590,87 +672,146 @@ static fmlp_status FN(chain_backward_columns)(const fmlp_cpu_chain_backward_args
     }
     FN(need_product)(&need, width, rows); /* dW */
     FN(need_product)(&need, rows, width); /* dX */
+    FN(max_elems)(&bw.dx_at, FN(shared_a_elems)(width, rows));
+    FN(max_elems)(&dx_elems, FN(shared_a_elems)(rows, width));
     if (a->grad_weights[l] != NULL) FN(advise_output)(a->grad_weights[l], width, k, k);
   }
+  int64_t shared_elems = bw.dx_at;
+  FN(add_elems)(&shared_elems, dx_elems);
   const int64_t pack_elems = few_rows ? 0 : FN(pack_need_elems)(&need, &bw.weight_block_at);
   FN(column_split) split = {NULL, NULL, 0};
   fmlp_status status = FN(backward_split)(threading, multiply_adds,
                                           COLUMN_SPLIT_MIN_MULTIPLY_ADDS, pack_elems, &split);
+  if (status == FMLP_OK && !few_rows) {
+    status = FN(alloc_shared_input)(1, shared_elems, &bw.shared);
+  }
   bw.scratch = fmlp_alloc_matrices(2, rows, bw.max_width, sizeof(STORE));
   if (status == FMLP_OK && bw.scratch == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
   if (status == FMLP_OK) {
-    FN(run_column_stages)(&split, FN(columns_top_stages)(a) + a->n_layers,
+    FN(run_column_stages)(&split,
+                          FN(columns_top_stages)(a) + a->n_layers * FN(stages_per_layer)(&bw),
                           FN(columns_backward_part), &bw, split.packs);
   }
   free(bw.scratch);
+  free(bw.shared);
   free(split.packs);
   return status;
 }
 
-/* A column-split gated block's backward. Stage 0, over out_dim columns:
- * grad_b_down's; over hidden columns: grad_W_down's and grad_product's,
- * turned into grad_gate and grad_up with their bias sums. Stage 1, over dim
- * columns: grad_W_gate's, grad_W_up's and grad_x's (from_up: grad_up @ W_up,
- * added). */
+/* A column-split gated block's backward, in steps: 0, over out_dim columns,
+ * grad_b_down's; over hidden columns, grad_W_down's and grad_product's,
+ * turned into grad_gate and grad_up with their bias sums. Then over dim
+ * columns, 1: grad_W_gate's and grad_x's (grad_gate @ W_gate); 2: grad_W_up's
+ * and from_up's (grad_up @ W_up), added into grad_x. Packed products (shared
+ * not NULL) run each step after a stage packing its products' a (the
+ * dW's at shared, the dX's dx_at elements in): gate's and up's in turn, so
+ * that shared holds two of the four rows x hidden packs, not four (6 MiB
+ * at 256 tokens of 768 -> 3072 -> 768 float32); few rows run steps 1 and 2
+ * as one stage. */
 typedef struct {
   const fmlp_cpu_gated_block_backward_args *args;
   STORE *grad_gate, *grad_up, *from_up;
+  REAL *shared; /* NULL: few rows, b read in place and nothing packed */
+  int64_t dx_at;
   int64_t weight_block_at; /* see column_unit */
 } FN(columns_gated_backward);
 
-static void FN(columns_gated_part)(const void *block, int64_t stage, int64_t task,
-                                   int64_t n_tasks, REAL *task_pack) {
-  const FN(columns_gated_backward) *bw = block;
+/* Step `step`'s products' a: 0, grad_W_down's grad_y^T and grad_product's
+ * grad_y; 1, grad_W_gate's grad_gate^T and grad_x's grad_gate; 2, up's. */
+static void FN(gated_packs)(const FN(columns_gated_backward) *bw, int64_t step,
+                            FN(shared_a) packs[2]) {
   const fmlp_cpu_gated_block_backward_args *a = bw->args;
-  const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
-  const int64_t at = bw->weight_block_at, unit = FN(column_unit)(at);
-  int64_t j0, count;
-  if (stage == 0) {
-    FN(even_split)(out, unit, n_tasks, task, &j0, &count);
-    FN(column_sums_slice)(a->grad_y, rows, out, j0, count, a->grad_bias_down);
-    FN(even_split)(h, unit, n_tasks, task, &j0, &count);
-    if (count == 0) return;
+  const int64_t rows = a->rows, h = a->hidden, out = a->out_dim;
+  if (step == 0) {
     const fmlp_input grad_y = {a->grad_y, out, 1};
-    if (a->grad_w_down != NULL) {
-      FN(product_columns)(at, out, rows, FN(transposed)(grad_y),
-                          (fmlp_input){a->saved_product, h, 1}, h, a->grad_w_down, h, j0, count,
-                          task_pack);
-    }
-    FN(product_columns)(at, rows, out, grad_y, a->w_down, h, bw->grad_gate, h, j0, count,
-                        task_pack);
-    const STORE *gate = a->saved_gate, *up = a->saved_up;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = r * h + j0;
-      FN(gated_grads_span)(bw->grad_gate + i, gate + i, up + i, count, a->activation,
-                           bw->grad_gate + i, bw->grad_up + i);
-    }
-    FN(column_sums_slice)(bw->grad_gate, rows, h, j0, count, a->grad_bias_gate);
-    FN(column_sums_slice)(bw->grad_up, rows, h, j0, count, a->grad_bias_up);
+    packs[0] = FN(shared_a_of)(FN(transposed)(grad_y), out, rows, a->grad_w_down != NULL,
+                               bw->shared, 0);
+    packs[1] = FN(shared_a_of)(grad_y, rows, out, 1, bw->shared, bw->dx_at);
     return;
   }
-  FN(even_split)(dim, unit, n_tasks, task, &j0, &count);
+  const fmlp_input grad = {step == 1 ? bw->grad_gate : bw->grad_up, h, 1};
+  const void *grad_w = step == 1 ? a->grad_w_gate : a->grad_w_up;
+  packs[0] = FN(shared_a_of)(FN(transposed)(grad), h, rows, grad_w != NULL, bw->shared, 0);
+  packs[1] = FN(shared_a_of)(grad, rows, h, a->grad_x != NULL, bw->shared, bw->dx_at);
+}
+
+/* Step 0: task `task` of n_tasks's columns. */
+static void FN(gated_down_columns)(const FN(columns_gated_backward) *bw,
+                                   const FN(shared_a) packs[2], int64_t task, int64_t n_tasks,
+                                   REAL *task_pack) {
+  const fmlp_cpu_gated_block_backward_args *a = bw->args;
+  const int64_t rows = a->rows, h = a->hidden, out = a->out_dim;
+  const int64_t at = bw->weight_block_at, unit = FN(column_unit)(at);
+  int64_t j0, count;
+  FN(even_split)(out, unit, n_tasks, task, &j0, &count);
+  FN(column_sums_slice)(a->grad_y, rows, out, j0, count, a->grad_bias_down);
+  FN(even_split)(h, unit, n_tasks, task, &j0, &count);
   if (count == 0) return;
-  const fmlp_input grad_gate = {bw->grad_gate, h, 1}, grad_up = {bw->grad_up, h, 1};
-  if (a->grad_w_gate != NULL) {
-    FN(product_columns)(at, h, rows, FN(transposed)(grad_gate), a->x, dim, a->grad_w_gate, dim,
-                        j0, count, task_pack);
+  const fmlp_input grad_y = {a->grad_y, out, 1};
+  if (a->grad_w_down != NULL) {
+    FN(product_columns)(at, out, rows, FN(transposed)(grad_y), packs[0].packed,
+                        (fmlp_input){a->saved_product, h, 1}, h, a->grad_w_down, h, j0, count,
+                        task_pack);
   }
-  if (a->grad_w_up != NULL) {
-    FN(product_columns)(at, h, rows, FN(transposed)(grad_up), a->x, dim, a->grad_w_up, dim, j0,
-                        count, task_pack);
+  FN(product_columns)(at, rows, out, grad_y, packs[1].packed, a->w_down, h, bw->grad_gate, h,
+                      j0, count, task_pack);
+  const STORE *gate = a->saved_gate, *up = a->saved_up;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r * h + j0;
+    FN(gated_grads_span)(bw->grad_gate + i, gate + i, up + i, count, a->activation,
+                         bw->grad_gate + i, bw->grad_up + i);
+  }
+  FN(column_sums_slice)(bw->grad_gate, rows, h, j0, count, a->grad_bias_gate);
+  FN(column_sums_slice)(bw->grad_up, rows, h, j0, count, a->grad_bias_up);
+}
+
+/* Step 1 (gate) or 2 (up): columns [j0, j0 + count) of dim. */
+static void FN(gated_input_columns)(const FN(columns_gated_backward) *bw, int64_t step,
+                                    const FN(shared_a) packs[2], int64_t j0, int64_t count,
+                                    REAL *task_pack) {
+  const fmlp_cpu_gated_block_backward_args *a = bw->args;
+  const int64_t rows = a->rows, h = a->hidden, dim = a->dim, at = bw->weight_block_at;
+  const fmlp_input grad = {step == 1 ? bw->grad_gate : bw->grad_up, h, 1};
+  void *grad_w = step == 1 ? a->grad_w_gate : a->grad_w_up;
+  if (grad_w != NULL) {
+    FN(product_columns)(at, h, rows, FN(transposed)(grad), packs[0].packed, a->x, dim, grad_w,
+                        dim, j0, count, task_pack);
   }
   if (a->grad_x == NULL) return;
   STORE *grad_x = a->grad_x;
-  FN(product_columns)(at, rows, h, grad_gate, a->w_gate, dim, grad_x, dim, j0, count,
-                      task_pack);
-  FN(product_columns)(at, rows, h, grad_up, a->w_up, dim, bw->from_up, dim, j0, count,
-                      task_pack);
+  FN(product_columns)(at, rows, h, grad, packs[1].packed, step == 1 ? a->w_gate : a->w_up, dim,
+                      step == 1 ? grad_x : bw->from_up, dim, j0, count, task_pack);
+  if (step == 1) return;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = j0; j < j0 + count; ++j) {
       grad_x[r * dim + j] =
           to_store(to_real(grad_x[r * dim + j]) + to_real(bw->from_up[r * dim + j]));
     }
   }
+}
+
+static void FN(columns_gated_part)(const void *block, int64_t stage, int64_t task,
+                                   int64_t n_tasks, REAL *task_pack) {
+  const FN(columns_gated_backward) *bw = block;
+  const int packed = bw->shared != NULL;
+  const int64_t step = packed ? stage / 2 : stage;
+  FN(shared_a) packs[2] = {{.packed = NULL}, {.packed = NULL}};
+  if (packed) {
+    FN(gated_packs)(bw, step, packs);
+    if (stage % 2 == 0) {
+      FN(shared_a_part)(packs, 2, task, n_tasks);
+      return;
+    }
+  }
+  if (step == 0) {
+    FN(gated_down_columns)(bw, packs, task, n_tasks, task_pack);
+    return;
+  }
+  int64_t j0, count;
+  FN(even_split)(bw->args->dim, FN(column_unit)(bw->weight_block_at), n_tasks, task, &j0, &count);
+  if (count == 0) return;
+  FN(gated_input_columns)(bw, step, packs, j0, count, task_pack);
+  if (!packed) FN(gated_input_columns)(bw, 2, packs, j0, count, task_pack);
 }
 
 /* A gated block's backward over up to BACKWARD_COLUMNS_MAX_ROWS rows;
@@ -684,7 +825,10 @@ static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backwar
   FN(need_product)(&need, rows, out); /* grad_product */
   FN(need_product)(&need, h, rows);   /* grad_W_gate, grad_W_up */
   FN(need_product)(&need, rows, h);   /* grad_x, from_up */
-  int64_t multiply_adds;
+  int64_t dx_elems = FN(larger_elems)(FN(shared_a_elems)(rows, out), FN(shared_a_elems)(rows, h));
+  bw.dx_at = FN(larger_elems)(FN(shared_a_elems)(out, rows), FN(shared_a_elems)(h, rows));
+  int64_t shared_elems = bw.dx_at, multiply_adds;
+  FN(add_elems)(&shared_elems, dx_elems);
   if (!fmlp_checked_mul(2 * rows * h, 2 * dim + out, &multiply_adds)) multiply_adds = INT64_MAX;
   FN(advise_output)(a->grad_w_gate, h, dim, dim);
   FN(advise_output)(a->grad_w_up, h, dim, dim);
@@ -693,6 +837,9 @@ static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backwar
   FN(column_split) split = {NULL, NULL, 0};
   fmlp_status status = FN(backward_split)(threading, multiply_adds,
                                           COLUMN_SPLIT_MIN_MULTIPLY_ADDS, pack_elems, &split);
+  if (status == FMLP_OK && !few_rows) {
+    status = FN(alloc_shared_input)(1, shared_elems, &bw.shared);
+  }
   bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
   bw.from_up = fmlp_alloc_matrices(1, rows, dim, sizeof(STORE));
   if (status == FMLP_OK && (bw.grad_gate == NULL || bw.from_up == NULL)) {
@@ -700,10 +847,11 @@ static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backwar
   }
   if (status == FMLP_OK) {
     bw.grad_up = bw.grad_gate + rows * h;
-    FN(run_column_stages)(&split, 2, FN(columns_gated_part), &bw, split.packs);
+    FN(run_column_stages)(&split, few_rows ? 2 : 6, FN(columns_gated_part), &bw, split.packs);
   }
   free(bw.from_up);
   free(bw.grad_gate);
+  free(bw.shared);
   free(split.packs);
   return status;
 }
@@ -716,11 +864,11 @@ static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backwar
  * first), both products reading transposed views packed by plain copies.
  * Each stage packs the weight the next stage multiplies, so a pack is read
  * soon after it is written, much of it still in the L2 (a 512-wide layer at
- * 256 rows packs 1.5 MiB for its two products): stage 0, grad_pre of the top layer and dW's pack; then per
- * layer l, from the top, one stage of dW_l's rows and dX_l's pack, one of
- * dX_l's rows, grad_pre of the layer below on those rows (in place) and the
- * next dW pack; last, the bias sums. grad_pre ping-pongs through two rows x
- * max-width matrices. */
+ * 256 rows packs 1.5 MiB for its two products): stage 0, grad_pre of the top
+ * layer and dW's pack; then per layer l, from the top, one stage of dW_l's
+ * rows and dX_l's pack, one of dX_l's rows, grad_pre of the layer below on
+ * those rows (in place) and the next dW pack; last, the bias sums. grad_pre
+ * ping-pongs through two rows x max-width matrices. */
 typedef struct {
   const fmlp_cpu_chain_backward_args *args;
   FN(split_product) *dw, *dx; /* per layer */
