@@ -28,7 +28,7 @@
                                                    const fmlp_threading *threading);            \
   fmlp_status fmlp_cpu_gated_product_##suffix(int64_t n, const void *gate, const void *up,      \
                                               fmlp_activation activation, void *product,        \
-                                              const fmlp_threading *threading);        \
+                                              const fmlp_threading *threading);         \
   int64_t fmlp_cpu_packed_weight_bytes_##suffix(int64_t rows, fmlp_input w, int64_t n,          \
                                                 int64_t k);                                     \
   fmlp_status fmlp_cpu_pack_weight_##suffix(fmlp_input w, int64_t n, int64_t k, void *packed,   \

@@ -99,8 +99,8 @@ void *fmlp_cpu_alloc_packed_weight(int64_t bytes);
 
 /* w (n x k) packed for dtype's unit `unit` into the caller's `packed`, of
  * fmlp_cpu_packed_weight_bytes for rows past the few (best from
- * fmlp_cpu_alloc_packed_weight); the ops take it through their packed_* arguments while w's values
- * stay what they were when packed. */
+ * fmlp_cpu_alloc_packed_weight); the ops take it through their packed_*
+ * arguments while w's values stay what they were when packed. */
 fmlp_status fmlp_cpu_pack_weight(fmlp_dtype dtype, fmlp_cpu_isa unit, fmlp_input w, int64_t n,
                                  int64_t k, void *packed, const fmlp_threading *threading);
 
