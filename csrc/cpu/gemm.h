@@ -113,19 +113,34 @@ static void FN(run_tasks)(const fmlp_threading *threading, int64_t n_tasks, void
   threading->parallel_for(threading->pool, workers, &queue, FN(drain_task_queue));
 }
 
+/* `panels` weight panels of `count` rows of src (zero past count) over k
+ * values of K, one after another (panel_rows(k) x NR slots each): through
+ * the unit's FMLP_PACK_WEIGHT_PANELS where it packs several panels together
+ * (pack_k_pairs.h), else FMLP_PACK_WEIGHT_PANEL a panel at a time. */
+static void FN(pack_panels)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
+                            int64_t panels, int64_t k, REAL *dst) {
+#ifdef FMLP_PACK_WEIGHT_PANELS
+  FMLP_PACK_WEIGHT_PANELS(src, rs, cs, count, panels, k, dst);
+#else
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t left = count - p * GEMM_NR;
+    FMLP_PACK_WEIGHT_PANEL(src + p * GEMM_NR * rs, rs, cs, left < GEMM_NR ? left : GEMM_NR,
+                           GEMM_NR, k, dst + p * FN(panel_rows)(k) * GEMM_NR);
+  }
+#endif
+}
+
 static void FN(pack_weight_panels)(void *context, int64_t begin, int64_t end) {
   const FN(packed_weight) *packed = context;
   const int64_t n = packed->n, k = packed->k, n_panels = (n + GEMM_NR - 1) / GEMM_NR;
-  const STORE *src = packed->source.data;
   const int64_t rs = packed->source.row_stride, cs = packed->source.col_stride;
   const int64_t first = begin * PACK_PANELS_PER_TASK;
   const int64_t last = end * PACK_PANELS_PER_TASK < n_panels ? end * PACK_PANELS_PER_TASK
                                                              : n_panels;
-  for (int64_t p = first; p < last; ++p) {
-    const int64_t count = n - p * GEMM_NR < GEMM_NR ? n - p * GEMM_NR : GEMM_NR;
-    FMLP_PACK_WEIGHT_PANEL(src + p * GEMM_NR * rs, rs, cs, count, GEMM_NR, k,
-                           packed->data + p * FN(panel_rows)(k) * GEMM_NR);
-  }
+  if (first >= last) return;
+  FN(pack_panels)((const STORE *)packed->source.data + first * GEMM_NR * rs, rs, cs,
+                  n - first * GEMM_NR, last - first, k,
+                  packed->data + first * FN(panel_rows)(k) * GEMM_NR);
 }
 
 /* Whether a weight multiplied into `rows` rows is read in place. */
@@ -206,11 +221,8 @@ static void FN(pack_weight_block)(FN(weight_blocks) *blocks, int64_t n_weights, 
     const FN(packed_weight) *w = blocks->w[which];
     const STORE *src = w->source.data;
     const int64_t rs = w->source.row_stride, cs = w->source.col_stride;
-    for (int64_t j = jc; j < jc + nc; j += GEMM_NR) {
-      const int64_t count = w->n - j < GEMM_NR ? w->n - j : GEMM_NR;
-      FMLP_PACK_WEIGHT_PANEL(src + j * rs + pc * cs, rs, cs, count, GEMM_NR, kc,
-                             FN(block_panel)(blocks, which, j));
-    }
+    FN(pack_panels)(src + jc * rs + pc * cs, rs, cs, w->n - jc, blocks->panels, kc,
+                    FN(block_panel)(blocks, which, jc));
   }
 }
 

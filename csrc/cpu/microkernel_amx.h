@@ -60,6 +60,7 @@
 #include "pack_k_pairs.h"
 
 #define FMLP_PACK_WEIGHT_PANEL FN(pack_k_pairs)
+#define FMLP_PACK_WEIGHT_PANELS FN(pack_k_pair_panels)
 #define FMLP_PACK_INPUT_PANEL FN(pack_tile_rows)
 #define FMLP_MICROKERNEL FN(microkernel_amx)
 #define FMLP_MICROKERNEL_GATED FN(microkernel_gated_amx)
@@ -96,11 +97,21 @@ _Static_assert(GATED_NR == GEMM_NR, "the gated tile takes whole weight panels");
 _Static_assert(GEMM_MR % (EPILOGUE_VECTORS / GEMM_NV) == 0,
                "epilogue groups of whole rows inside the tile");
 
+/* The 16 tile rows of block[] (16 vectors of K-pair slots, one per pair
+ * p, 16 rows each) stored as A tile rows AMX_K values apart: the first
+ * `stored` of them, from out. */
+static FMLP_ALWAYS_INLINE void FN(store_tile_rows)(vreal block[AMX_ROWS], int64_t stored,
+                                                   STORE *out) {
+  v_transpose(block);
+  for (int64_t t = 0; t < stored; ++t) v_store((float *)(out + t * AMX_K), block[t]);
+}
+
 /* pack_tile_rows for rows next to each other (rs == 1: the transposed grad_pre
  * a many-row backward's dW multiplies, where each tile row is a strided
- * column): per 16 rows and whole 32 of K, the rows' 16 K-pairs (16 slots
- * each, adjacent_k_pairs) go through the 32-bit transpose into 16 tile rows
- * of 16 pairs; the K tail one value at a time. Element by element, the
+ * column): per 32 rows and whole 32 of K, the rows' 16 K-pairs
+ * (adjacent_k_pairs_32: two vectors of 16 rows) go through the 32-bit
+ * transpose into 2 x 16 tile rows of 16 pairs; a last 16 rows through
+ * adjacent_k_pairs; the K tail one value at a time. Element by element, the
  * whole-32 blocks were 15% of a 256 x 512^3 bfloat16 training step's kernel
  * samples (perf, one thread). */
 static void FN(pack_adjacent_tile_rows)(const STORE *src, int64_t cs, int64_t count,
@@ -108,17 +119,30 @@ static void FN(pack_adjacent_tile_rows)(const STORE *src, int64_t cs, int64_t co
   STORE *out = (STORE *)dst;
   const int64_t whole = kc / AMX_K * AMX_K, tail = kc - whole;
   for (int64_t k0 = 0; k0 < whole; k0 += AMX_K) {
-    for (int64_t i0 = 0; i0 < width; i0 += AMX_ROWS) {
+    STORE *block_out = out + k0 * width;
+    int64_t i0 = 0;
+    for (; i0 + 2 * AMX_ROWS <= width; i0 += 2 * AMX_ROWS) {
+      vreal first[AMX_ROWS], second[AMX_ROWS];
+      const __mmask32 rows = FN(first_of_32)(count - i0);
+      for (int p = 0; p < AMX_ROWS; ++p) {
+        const STORE *low = src + (k0 + 2 * p) * cs + i0;
+        __m512i lower, upper;
+        FN(adjacent_k_pairs_32)(_mm512_maskz_loadu_epi16(rows, low),
+                                _mm512_maskz_loadu_epi16(rows, low + cs), &lower, &upper);
+        first[p] = _mm512_castsi512_ps(lower);
+        second[p] = _mm512_castsi512_ps(upper);
+      }
+      FN(store_tile_rows)(first, AMX_ROWS, block_out + i0 * AMX_K);
+      FN(store_tile_rows)(second, AMX_ROWS, block_out + (i0 + AMX_ROWS) * AMX_K);
+    }
+    for (; i0 < width; i0 += AMX_ROWS) {
       vreal block[AMX_ROWS];
       for (int p = 0; p < AMX_ROWS; ++p) {
         const STORE *low = src + (k0 + 2 * p) * cs + i0;
         block[p] = _mm512_castsi512_ps(FN(adjacent_k_pairs)(low, low + cs, count - i0));
       }
-      v_transpose(block);
       const int64_t stored = width - i0 < AMX_ROWS ? width - i0 : AMX_ROWS;
-      for (int64_t t = 0; t < stored; ++t) {
-        v_store((float *)(out + k0 * width + (i0 + t) * AMX_K), block[t]);
-      }
+      FN(store_tile_rows)(block, stored, block_out + i0 * AMX_K);
     }
   }
   for (int64_t i = 0; i < width && tail > 0; ++i) {

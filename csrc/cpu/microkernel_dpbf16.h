@@ -12,6 +12,7 @@
 #include "pack_k_pairs.h"
 
 #define FMLP_PACK_WEIGHT_PANEL FN(pack_k_pairs)
+#define FMLP_PACK_WEIGHT_PANELS FN(pack_k_pair_panels)
 #define FMLP_PACK_INPUT_PANEL FN(pack_k_pairs)
 #define FMLP_MICROKERNEL FN(microkernel_dpbf16)
 #define FMLP_MICROKERNEL_GATED FN(microkernel_gated_dpbf16)

@@ -34,20 +34,61 @@ static inline __m512i FN(adjacent_k_pairs)(const STORE *low, const STORE *high, 
   return _mm512_or_si512(even, _mm512_slli_epi32(odd, 16));
 }
 
-/* pack_k_pairs for rows next to each other (rs == 1): each K-pair row of the
- * panel interleaves two source rows, 16 slots at a time. One slot at a time
- * (two strided 16-bit loads each) was 14% of a 256 x 512^3 bfloat16 training
- * step's kernel samples (perf, one thread). */
+/* The K-pair slots of 32 rows next to each other: `low` and `high` hold the
+ * rows' 32 values at K = 2p and 2p + 1, as loaded; *first gets rows 0-15's
+ * slots, *second rows 16-31's. unpacklo/hi interleave the values within
+ * each 128-bit lane (rows 0-3, 8-11, 16-19, 24-27 and 4-7, 12-15, ...), one
+ * lane permute each puts them in row order: 4 shuffles for 32 slots, where
+ * adjacent_k_pairs takes 4 widening shuffles, 2 shifts and 2 ors. */
+static inline void FN(adjacent_k_pairs_32)(__m512i low, __m512i high, __m512i *first,
+                                           __m512i *second) {
+  const __m512i quads_low = _mm512_unpacklo_epi16(low, high);
+  const __m512i quads_high = _mm512_unpackhi_epi16(low, high);
+  *first = _mm512_permutex2var_epi64(quads_low, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
+                                     quads_high);
+  *second = _mm512_permutex2var_epi64(
+      quads_low, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), quads_high);
+}
+
+/* The first `valid` of 32 lanes (none for valid <= 0). */
+static inline __mmask32 FN(first_of_32)(int64_t valid) {
+  return valid >= 32 ? ~(__mmask32)0 : valid > 0 ? (__mmask32)((1u << valid) - 1) : 0;
+}
+
+/* pack_k_pairs for rows next to each other (rs == 1), `panels` panels of
+ * `width` rows one after another (ceil(k / 2) x width slots each): each
+ * K-pair row interleaves two source rows, 32 slots at a time
+ * (adjacent_k_pairs_32; a last 16 through adjacent_k_pairs), every panel's
+ * row p before row p + 1, so the source rows are read in runs of `panels`
+ * lines, not a line per row and panel (see pack_k_pair_panels). One slot at
+ * a time (two strided 16-bit loads each) was 14% of a 256 x 512^3 bfloat16
+ * training step's kernel samples (perf, one thread). */
 static void FN(pack_adjacent_k_pairs)(const STORE *src, int64_t cs, int64_t count,
-                                      int64_t width, int64_t k, REAL *dst) {
+                                      int64_t width, int64_t panels, int64_t k, REAL *dst) {
   uint32_t *slots = (uint32_t *)dst;
-  for (int64_t p = 0; p < (k + 1) / 2; ++p) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
     const STORE *low = src + 2 * p * cs, *high = 2 * p + 1 < k ? low + cs : NULL;
-    for (int64_t i0 = 0; i0 < width; i0 += FMLP_SIMD_WIDTH) {
-      const int64_t stored = width - i0 < FMLP_SIMD_WIDTH ? width - i0 : FMLP_SIMD_WIDTH;
-      const __m512i pairs =
-          FN(adjacent_k_pairs)(low + i0, high != NULL ? high + i0 : NULL, count - i0);
-      _mm512_mask_storeu_epi32(slots + p * width + i0, (__mmask16)((1u << stored) - 1), pairs);
+    for (int64_t panel = 0; panel < panels; ++panel) {
+      const int64_t j0 = panel * width;
+      uint32_t *out = slots + (panel * pairs + p) * width;
+      int64_t i0 = 0;
+      for (; i0 + 2 * FMLP_SIMD_WIDTH <= width; i0 += 2 * FMLP_SIMD_WIDTH) {
+        const __mmask32 rows = FN(first_of_32)(count - j0 - i0);
+        const __m512i even = _mm512_maskz_loadu_epi16(rows, low + j0 + i0);
+        const __m512i odd = high != NULL ? _mm512_maskz_loadu_epi16(rows, high + j0 + i0)
+                                         : _mm512_setzero_si512();
+        __m512i first, second;
+        FN(adjacent_k_pairs_32)(even, odd, &first, &second);
+        _mm512_storeu_si512(out + i0, first);
+        _mm512_storeu_si512(out + i0 + FMLP_SIMD_WIDTH, second);
+      }
+      for (; i0 < width; i0 += FMLP_SIMD_WIDTH) {
+        const int64_t stored = width - i0 < FMLP_SIMD_WIDTH ? width - i0 : FMLP_SIMD_WIDTH;
+        const __m512i pair_slots = FN(adjacent_k_pairs)(
+            low + j0 + i0, high != NULL ? high + j0 + i0 : NULL, count - j0 - i0);
+        _mm512_mask_storeu_epi32(out + i0, (__mmask16)((1u << stored) - 1), pair_slots);
+      }
     }
   }
 }
@@ -60,7 +101,7 @@ static void FN(pack_adjacent_k_pairs)(const STORE *src, int64_t cs, int64_t coun
 static void FN(pack_k_pairs)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
                              int64_t width, int64_t k, REAL *dst) {
   if (rs == 1 && cs != 1) {
-    FN(pack_adjacent_k_pairs)(src, cs, count, width, k, dst);
+    FN(pack_adjacent_k_pairs)(src, cs, count, width, 1, k, dst);
     return;
   }
   uint32_t *slots = (uint32_t *)dst;
@@ -88,3 +129,34 @@ static void FN(pack_k_pairs)(const STORE *src, int64_t rs, int64_t cs, int64_t c
   }
 }
 
+
+/* Panels the adjacent pack reads a K-pair row of together: 4 of GEMM_NR
+ * rows, 256 bytes of each source row. */
+#define ADJACENT_PANELS 4
+
+/* FMLP_PACK_WEIGHT_PANELS (gemm.h): `panels` GEMM_NR-row K-pair panels of
+ * `count` rows of src (zero past count) one after another, ceil(k / 2) x
+ * GEMM_NR slots each. Rows next to each other (the backward's transposed
+ * weights) go ADJACENT_PANELS panels at a time, K-pair row by K-pair row:
+ * a panel at a time, each K-pair row read a new line of two source rows
+ * (2 KiB and more apart), which the hardware prefetchers follow poorly
+ * (pack harness, both builds in one process, alternating, one thread's CPU
+ * time, median of 11 rounds, loaded machine, same bytes: 512 x 512 0.72x the
+ * time, 3072 x 768 0.73x, 768 x 3072 0.76x, 512 x 256 0.74x; 512 x 512 now
+ * takes 17 us, a memcpy of its bytes 18.5). Other layouts panel by panel. */
+static void FN(pack_k_pair_panels)(const STORE *src, int64_t rs, int64_t cs, int64_t count,
+                                   int64_t panels, int64_t k, REAL *dst) {
+  const int64_t panel_slots = (k + 1) / 2 * GEMM_NR;
+  const int64_t group = rs == 1 && cs != 1 ? ADJACENT_PANELS : 1;
+  for (int64_t first = 0; first < panels; first += group) {
+    const int64_t here = panels - first < group ? panels - first : group;
+    const STORE *from = src + first * GEMM_NR * rs;
+    const int64_t left = count - first * GEMM_NR;
+    REAL *to = dst + first * panel_slots;
+    if (group > 1) {
+      FN(pack_adjacent_k_pairs)(from, cs, left, GEMM_NR, here, k, to);
+    } else {
+      FN(pack_k_pairs)(from, rs, cs, left, GEMM_NR, k, to);
+    }
+  }
+}
