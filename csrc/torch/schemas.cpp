@@ -159,12 +159,17 @@ static const char kCpuIsaDoc[] =
     "unit at or below <isa> (the default where that unit is at no level measured to beat eager, "
     "or FUSEDMLP_CPU_GEMM=aten).";
 
-static PyObject *profiler_records(PyObject * /*module*/, PyObject *records) {
-  const int value = PyObject_IsTrue(records);
-  if (value < 0) return nullptr;
-  const bool previous = fusedmlp::profiler_records();
-  fusedmlp::profiler_records() = value != 0;
+// Sets a thread's flag to value's truth; returns what it was.
+static PyObject *swap_flag(bool &flag, PyObject *value) {
+  const int truth = PyObject_IsTrue(value);
+  if (truth < 0) return nullptr;
+  const bool previous = flag;
+  flag = truth != 0;
   return PyBool_FromLong(previous);
+}
+
+static PyObject *profiler_records(PyObject * /*module*/, PyObject *records) {
+  return swap_flag(fusedmlp::profiler_records(), records);
 }
 
 static PyObject *weight_cache_info(PyObject * /*module*/, PyObject * /*unused*/) {
@@ -177,11 +182,7 @@ static PyObject *weight_cache_info(PyObject * /*module*/, PyObject * /*unused*/)
 }
 
 static PyObject *pause_weight_cache(PyObject * /*module*/, PyObject *paused) {
-  const int value = PyObject_IsTrue(paused);
-  if (value < 0) return nullptr;
-  const bool previous = fusedmlp::weight_cache_paused();
-  fusedmlp::weight_cache_paused() = value != 0;
-  return PyBool_FromLong(previous);
+  return swap_flag(fusedmlp::weight_cache_paused(), paused);
 }
 
 static PyObject *clear_weight_cache(PyObject * /*module*/, PyObject * /*unused*/) {

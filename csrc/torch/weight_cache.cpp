@@ -196,7 +196,8 @@ std::shared_ptr<const void> cached_packed_weight(const Tensor &w, fmlp_dtype dty
     std::unique_ptr<void, FreeDeleter> packed(fmlp_cpu_alloc_packed_weight(bytes));
     FMLP_CHECK(packed != nullptr, "fusedmlp: out of memory packing a ", n, " x ", k,
                " weight for the weight cache");
-    const fmlp_status status = fmlp_cpu_pack_weight(dtype, unit, in, n, k, packed.get(), &threading);
+    const fmlp_status status =
+        fmlp_cpu_pack_weight(dtype, unit, in, n, k, packed.get(), &threading);
     FMLP_CHECK(status == FMLP_OK, "fusedmlp: packing a weight failed: ",
                fmlp_status_string(status));
     entry = cache().insert(std::make_shared<const Entry>(Entry{

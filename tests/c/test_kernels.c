@@ -673,7 +673,9 @@ static void test_prepacked(tally *t, fmlp_dtype dtype, int64_t m, const fmlp_thr
   chain.packed_unit = FMLP_ISA_COUNT;
   ok = ok && fmlp_cpu_chain(&chain, threading) == FMLP_ERR_INVALID_ARGUMENT;
   ok ? t->passed++ : t->failed++;
-  if (!ok) fprintf(stderr, "FAIL prepacked weights, dtype %d, %lld rows\n", (int)dtype, (long long)m);
+  if (!ok) {
+    fprintf(stderr, "FAIL prepacked weights, dtype %d, %lld rows\n", (int)dtype, (long long)m);
+  }
   for (int i = 0; i < 4; ++i) free(y[i]);
   for (int l = 0; l < 2; ++l) free(w_data[l]), free(packed_w[l]);
   for (int p = 0; p < 3; ++p) free(g_data[p]), free(packed_g[p]);
