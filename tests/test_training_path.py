@@ -99,3 +99,29 @@ def test_parameter_gradients_are_the_backwards_own_tensors(
     for parameter in parameters:
         assert parameter.grad._base is None
         assert parameter.grad.data_ptr() in produced
+
+
+@pytest.mark.parametrize("name", list(calls()))
+def test_a_training_step_leaves_nothing_for_the_cycle_collector(name: str) -> None:
+    """Everything an eager training step allocates (the Function's ctx, saved tensors, argument
+    lists) is freed by reference counting: a reference cycle (a ctx or closure holding itself)
+    would make every step feed Python's collector, whose full passes scan all of torch's
+    objects. The collector is paused only inside this test, so that no pass of its own can
+    hide a cycle before the count."""
+    import gc
+
+    call, parameters, _ = calls()[name]
+    x = torch.randn(3, DIM, requires_grad=True)
+    call(x).sum().backward()  # first-call caches fill outside the count
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for tensor in (x, *parameters):
+            tensor.grad = None
+        call(x).sum().backward()
+        unreachable = gc.collect()
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert unreachable == 0
