@@ -125,3 +125,39 @@ def test_a_training_step_leaves_nothing_for_the_cycle_collector(name: str) -> No
         if was_enabled:
             gc.enable()
     assert unreachable == 0
+
+
+class Doubled(torch.nn.Module):
+    """A parametrization: the layer's weight becomes a class property computing 2 * weight."""
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return 2 * weight
+
+
+def eager_twin(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The same computation through nn.Linear and torch's activations, reading the same
+    (possibly replaced or parametrized) parameters."""
+    functional = torch.nn.functional
+    if isinstance(module, fusedmlp.FusedLinear):
+        return lambda x: functional.gelu(functional.linear(x, module.weight, module.bias))
+    if isinstance(module, fusedmlp.FusedMLP):
+        return lambda x: torch.nn.Sequential.forward(module, x)
+    return lambda x: module.down_proj(
+        functional.gelu(module.gate_proj(x), approximate="tanh") * module.up_proj(x)
+    )
+
+
+@pytest.mark.parametrize("name", list(calls()))
+def test_modules_read_replaced_and_parametrized_weights(name: str) -> None:
+    """The modules read each Linear's weight and bias on every call, from its parameters or,
+    parametrized, through its property: a replaced Parameter and a parametrization both count."""
+    from torch.nn.utils import parametrize
+
+    module, _, _ = calls()[name]
+    first = next(m for m in module.modules() if isinstance(m, torch.nn.Linear))
+    x = torch.randn(3, DIM, dtype=torch.float64)
+    module.double()
+    first.weight = torch.nn.Parameter(torch.randn_like(first.weight))
+    torch.testing.assert_close(module(x), eager_twin(module)(x))
+    parametrize.register_parametrization(first, "weight", Doubled())
+    torch.testing.assert_close(module(x), eager_twin(module)(x))
