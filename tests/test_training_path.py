@@ -99,3 +99,65 @@ def test_parameter_gradients_are_the_backwards_own_tensors(
     for parameter in parameters:
         assert parameter.grad._base is None
         assert parameter.grad.data_ptr() in produced
+
+
+@pytest.mark.parametrize("name", list(calls()))
+def test_a_training_step_leaves_nothing_for_the_cycle_collector(name: str) -> None:
+    """Everything an eager training step allocates (the Function's ctx, saved tensors, argument
+    lists) is freed by reference counting: a reference cycle (a ctx or closure holding itself)
+    would make every step feed Python's collector, whose full passes scan all of torch's
+    objects. The collector is paused only inside this test, so that no pass of its own can
+    hide a cycle before the count."""
+    import gc
+
+    call, parameters, _ = calls()[name]
+    x = torch.randn(3, DIM, requires_grad=True)
+    call(x).sum().backward()  # first-call caches fill outside the count
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for tensor in (x, *parameters):
+            tensor.grad = None
+        call(x).sum().backward()
+        unreachable = gc.collect()
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert unreachable == 0
+
+
+class Doubled(torch.nn.Module):
+    """A parametrization: the layer's weight becomes a class property computing 2 * weight."""
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return 2 * weight
+
+
+def eager_twin(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The same computation through nn.Linear and torch's activations, reading the same
+    (possibly replaced or parametrized) parameters."""
+    functional = torch.nn.functional
+    if isinstance(module, fusedmlp.FusedLinear):
+        return lambda x: functional.gelu(functional.linear(x, module.weight, module.bias))
+    if isinstance(module, fusedmlp.FusedMLP):
+        return lambda x: torch.nn.Sequential.forward(module, x)
+    return lambda x: module.down_proj(
+        functional.gelu(module.gate_proj(x), approximate="tanh") * module.up_proj(x)
+    )
+
+
+@pytest.mark.parametrize("name", list(calls()))
+def test_modules_read_replaced_and_parametrized_weights(name: str) -> None:
+    """The modules read each Linear's weight and bias on every call, from its parameters or,
+    parametrized, through its property: a replaced Parameter and a parametrization both count."""
+    from torch.nn.utils import parametrize
+
+    module, _, _ = calls()[name]
+    first = next(m for m in module.modules() if isinstance(m, torch.nn.Linear))
+    x = torch.randn(3, DIM, dtype=torch.float64)
+    module.double()
+    first.weight = torch.nn.Parameter(torch.randn_like(first.weight))
+    torch.testing.assert_close(module(x), eager_twin(module)(x))
+    parametrize.register_parametrization(first, "weight", Doubled())
+    torch.testing.assert_close(module(x), eager_twin(module)(x))
