@@ -5,6 +5,8 @@ does), and calls each one's fmlp_cpu_activation_forward through ctypes.
 
     PYTHONPATH=python python scripts/activation_ab.py time ISA VARIANT_DIR [ROUNDS]
     PYTHONPATH=python python scripts/activation_ab.py bits ISA VARIANT_DIR [STRIDE]
+    PYTHONPATH=python python scripts/activation_ab.py gradtime UNIT VARIANT_DIR [ROUNDS]
+    PYTHONPATH=python python scripts/activation_ab.py gradbits UNIT VARIANT_DIR [STRIDE]
 
 time: each activation's pass over 64 Ki floats on one thread, A, B and torch taking turns
 within each round, one thread's CPU time; prints nanoseconds a value (min, median) and the ratios
@@ -14,7 +16,17 @@ ATEN_CPU_CAPABILITY). bits: every STRIDE-th float32 bit pattern (default 13) and
 value through A, B and torch, each against float64 (the max error in float32 ulps of the float64
 value for x >= 0 and of x for x < 0, finite results only; and where a result is NaN or infinite
 against a finite reference), plus how many results differ in their bits between A, B and
-torch."""
+torch.
+
+gradtime and gradbits do the same for the backward's pointwise passes of UNIT (f32_avx2,
+f32_avx512, bf16_avx512, bf16_avx512_amx: its storage dtype and ISA), through
+fmlp_cpu_activation_backward (grad * act'(pre), "slope") and fmlp_cpu_gated_backward (grad_gate
+and grad_up of act(gate) * up, "gated"). gradtime: ns a value, torch's gelu_backward /
+silu_backward beside the slope pass. gradbits: act'(x) (grad 1) against float64's (in ulps of
+float64's result for x >= 0, in ulps of 1 for x < 0, where the slope nears 0 by cancelling) and
+PyTorch's in the same dtype, bits that differ between A, B and torch, and whether the gated
+pass's grad_up (grad 1) is bit for bit the forward's act(gate), as the unit's forward pass
+gives it."""
 
 from __future__ import annotations
 
@@ -170,14 +182,161 @@ def check_bits(passes: dict[str, dict], stride: int) -> None:
             print(f"{activation:10s} {kind:8s} {cells}; results whose bits differ: {pairs}")
 
 
+GRAD_REFERENCES = {
+    "gelu": lambda g, x: torch.ops.aten.gelu_backward(g, x),
+    "gelu_tanh": lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate="tanh"),
+    "silu": lambda g, x: torch.ops.aten.silu_backward(g, x),
+}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build_unit(unit: str, variant: Path, scratch: Path) -> list[ctypes.CDLL]:
+    """A and B of any unit (kernels_UNIT.c), as build does for the float32 ones."""
+    isa = unit.split("_", 1)[1]
+    flags = [*OPTIMISE, "-fPIC", *ISAS[isa].compile_flags]
+    libraries = []
+    for name, headers in (("a", None), ("b", variant)):
+        folder = scratch / name
+        folder.mkdir()
+        source = (CPU_DIR / f"kernels_{unit}.c").read_text()
+        suffix = f"#define REAL_SUFFIX {unit}"
+        (folder / "unit.c").write_text(source.replace(suffix, f"{suffix}_{name}"))
+        # every header beside the unit, so that a header the tree's headers include is the
+        # variant's too (a quoted include looks in the including file's folder first)
+        for header in [*CPU_DIR.glob("*.h"), *(headers.glob("*.h") if headers else ())]:
+            (folder / header.name).write_bytes(header.read_bytes())
+        library = scratch / f"{name}.so"
+        subprocess.run(["gcc", *flags, "-shared", str(folder / "unit.c"), *map(str, SUPPORT),
+                        "-lm", "-lpthread", "-o", str(library)], check=True)
+        libraries.append(ctypes.CDLL(str(library)))
+    return libraries
+
+
+def grad_passes(library: ctypes.CDLL, unit: str, name: str) -> dict:
+    """The build's serial slope and gated passes and its forward, each over tensors."""
+    def symbol(what: str, n_pointers: int):
+        fn = getattr(library, f"fmlp_cpu_{what}_{unit}_{name}")
+        pointers = [ctypes.c_void_p] * n_pointers
+        fn.argtypes = [ctypes.c_int64, *pointers[:-2], ctypes.c_int, *pointers[-2:]]
+        return fn
+
+    forward_fn = symbol("activation_forward", 3)
+    slope_fn = symbol("activation_backward", 4)
+    gated_fn = getattr(library, f"fmlp_cpu_gated_backward_{unit}_{name}")
+    gated_fn.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 3, ctypes.c_int,
+                         *[ctypes.c_void_p] * 3]
+
+    def check(status: int) -> None:
+        if status != 0:
+            raise RuntimeError(f"build {name}: pass failed")
+
+    return {
+        "forward": lambda act, x, out: check(forward_fn(x.numel(), x.data_ptr(), act,
+                                                        out.data_ptr(), None)),
+        "slope": lambda act, g, x, out: check(slope_fn(g.numel(), g.data_ptr(), x.data_ptr(),
+                                                       act, out.data_ptr(), None)),
+        "gated": lambda act, g, x, up, out_gate, out_up: check(gated_fn(
+            g.numel(), g.data_ptr(), x.data_ptr(), up.data_ptr(), act, out_gate.data_ptr(),
+            out_up.data_ptr(), None)),
+    }
+
+
+def grad_run(passes: dict, kind: str, value: int, inputs: tuple, outputs: tuple):
+    """(x, out) -> None for per_value_ns: one build's pass of kind over fixed tensors."""
+    g, x, up = inputs
+    if kind == "slope":
+        return lambda _x, _o: passes["slope"](value, g, x, outputs[0])
+    return lambda _x, _o: passes["gated"](value, g, x, up, *outputs)
+
+
+def time_grads(unit: str, builds: dict[str, dict], rounds: int) -> None:
+    torch.set_num_threads(1)
+    dtype = DTYPES[unit.split("_")[0]]
+    rng = torch.Generator().manual_seed(0)
+    g, x, up = (torch.randn(VALUES, generator=rng).to(dtype) for _ in range(3))
+    x *= 3
+    out, out2 = torch.empty_like(x), torch.empty_like(x)
+    print(f"{unit}, {VALUES} values, {rounds} rounds, ns a value (min / median); load "
+          f"{os.getloadavg()[0]:.1f}")
+    for activation, (value, _) in ACTIVATIONS.items():
+        for kind in ("slope", "gated"):
+            runs = {who: grad_run(passes, kind, value, (g, x, up), (out, out2))
+                    for who, passes in builds.items()}
+            if kind == "slope":
+                runs["torch"] = lambda _x, _o, f=GRAD_REFERENCES[activation]: f(g, x)
+            samples: dict[str, list[float]] = {who: [] for who in runs}
+            order = list(runs)
+            for r in range(rounds):
+                for who in order[r % len(order):] + order[:r % len(order)]:
+                    samples[who].append(per_value_ns(runs[who], x, out))
+            medians = {who: statistics.median(s) for who, s in samples.items()}
+            cells = ", ".join(f"{who} {min(s):.3f} / {medians[who]:.3f}"
+                              for who, s in samples.items())
+            print(f"{activation:10s} {kind:5s} {cells}; median B/A "
+                  f"{medians['B'] / medians['A']:.3f}")
+
+
+def check_grad_bits(unit: str, builds: dict[str, dict], stride: int) -> None:
+    torch.set_num_threads(os.cpu_count() or 1)
+    dtype = DTYPES[unit.split("_")[0]]
+    print(f"{unit}: act'(x) max error in ulps of float64's (x >= 0) / of 1 (x < 0); results "
+          "whose bits differ; gated grad_up values that differ from the forward's act")
+    for activation, (value, _) in ACTIVATIONS.items():
+        worst: dict[str, list[float]] = {who: [0.0, 0.0] for who in (*builds, "torch")}
+        differs = {pair: 0 for pair in PAIRS}
+        act_differs = {who: 0 for who in builds}
+        for _, x in all_patterns(stride):
+            x = x.to(dtype)
+            ones = torch.ones_like(x)
+            ref = GRAD_REFERENCES[activation](ones.double(), x.double())
+            results = {"torch": GRAD_REFERENCES[activation](ones, x)}
+            for who, passes in builds.items():
+                results[who] = torch.empty_like(x)
+                passes["slope"](value, ones, x, results[who])
+                forward, grad_gate, grad_up = (torch.empty_like(x) for _ in range(3))
+                passes["forward"](value, x, forward)
+                passes["gated"](value, ones, x, ones, grad_gate, grad_up)
+                same = (forward == grad_up) | (forward.isnan() & grad_up.isnan())
+                act_differs[who] += int((~same).sum())
+            positive = x >= 0
+            for who, y in results.items():
+                y = y.float()
+                worst[who][0] = max(worst[who][0], ulps(y[positive], ref[positive], ref[positive]))
+                worst[who][1] = max(worst[who][1], ulps(y[~positive], ref[~positive],
+                                                        torch.ones_like(ref[~positive])))
+            for one, other in PAIRS:
+                same = (results[one] == results[other]) | (
+                    results[one].isnan() & results[other].isnan())
+                differs[one, other] += int((~same).sum())
+        cells = ", ".join(f"{who} {w[0]:.2f} / {w[1]:.2f}" for who, w in worst.items())
+        pairs = ", ".join(f"{one} vs {other} {n}" for (one, other), n in differs.items())
+        acts = ", ".join(f"{who} {n}" for who, n in act_differs.items())
+        print(f"{activation:10s} {cells}; bits differ: {pairs}; grad_up vs forward: {acts}")
+
+
+def grad_main(mode: str, unit: str, variant: Path, count: int) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        library_a, library_b = build_unit(unit, variant, Path(scratch))
+        builds = {"A": grad_passes(library_a, unit, "a"), "B": grad_passes(library_b, unit, "b")}
+        (time_grads if mode == "gradtime" else check_grad_bits)(unit, builds, count)
+
+
 def main() -> None:
-    modes = {"time": 31, "bits": 13}
-    if len(sys.argv) < 4 or sys.argv[1] not in modes or sys.argv[2] not in ("avx2", "avx512"):
-        sys.exit(f"usage: {sys.argv[0]} {{time,bits}} {{avx2,avx512}} VARIANT_DIR [N]")
+    modes = {"time": 31, "bits": 13, "gradtime": 31, "gradbits": 13}
+    units = ("f32_avx2", "f32_avx512", "bf16_avx512", "bf16_avx512_amx")
+    grad = len(sys.argv) > 1 and sys.argv[1].startswith("grad")
+    if len(sys.argv) < 4 or sys.argv[1] not in modes or sys.argv[2] not in (
+            units if grad else ("avx2", "avx512")):
+        sys.exit(f"usage: {sys.argv[0]} {{time,bits}} {{avx2,avx512}} VARIANT_DIR [N]\n"
+                 f"       {sys.argv[0]} {{gradtime,gradbits}} {{{','.join(units)}}} "
+                 "VARIANT_DIR [N]")
     mode, isa, variant = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     count = int(sys.argv[4]) if len(sys.argv) > 4 else modes[mode]
     if not variant.is_dir() or count < 1:
         sys.exit(f"VARIANT_DIR {variant} is not a directory, or N {count} is not positive")
+    if mode.startswith("grad"):
+        grad_main(mode, isa, variant, count)
+        return
     with tempfile.TemporaryDirectory() as scratch:
         library_a, library_b = build(isa, variant, Path(scratch))
         ours = {"A": forward(library_a, isa, "a"), "B": forward(library_b, isa, "b")}

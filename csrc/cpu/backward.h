@@ -22,36 +22,58 @@ typedef struct {
  * act(gate) rounded once; grad_gate = (grad * up) * act'(gate), the product
  * rounded to storage first as eager's separate multiply stores it. */
 #ifdef FMLP_SIMD_WIDTH
-static FMLP_ALWAYS_INLINE void FN(gated_grads_vector)(vreal grad, vreal gate, vreal up,
-                                                      fmlp_activation activation,
-                                                      vreal *grad_gate, vreal *grad_up) {
-  vreal act = gate;
-  FN(activate_vectors)(&act, 1, activation);
-  *grad_up = v_mul(grad, act);
-  *grad_gate = FN(v_activation_grad)(vs_round(v_mul(grad, up)), gate, activation);
+/* count vectors: grad_up = grad * act(gate); grad_gate = round(grad * up) *
+ * act'(gate), act and act' from one exp (activation_grad_vectors) */
+static FMLP_ALWAYS_INLINE void FN(gated_grads_vectors)(const vreal *grad, const vreal *gate,
+                                                       const vreal *up, int count,
+                                                       fmlp_activation activation,
+                                                       vreal *grad_gate, vreal *grad_up) {
+  vreal act[GRAD_SPAN_VECTORS];
+  for (int i = 0; i < count; ++i) grad_gate[i] = vs_round(v_mul(grad[i], up[i]));
+  FN(activation_grad_vectors)(grad_gate, gate, act, count, activation);
+  for (int i = 0; i < count; ++i) grad_up[i] = v_mul(grad[i], act[i]);
 }
 
-/* One pass a vector at a time. Its cost is the math, not memory: three
- * passes (act(gate) * grad, grad * up with scalar conversions, its act') took
- * as many samples, ~10% of a bfloat16 GeGLU backward at 256 tokens (perf,
- * one thread): GELU(tanh) and its slope each take an exp and a division. */
+/* One pass, GRAD_SPAN_VECTORS vectors at a time, then one. Its cost is the
+ * math, not memory: three passes (act(gate) * grad, grad * up with scalar
+ * conversions, its act') took as many samples, ~10% of a bfloat16 GeGLU
+ * backward at 256 tokens (perf, one thread). */
 static void FN(gated_grads_span)(const STORE *grad, const STORE *gate, const STORE *up,
                                  int64_t n, fmlp_activation activation, STORE *grad_gate,
                                  STORE *grad_up) {
-  vreal gg, gu;
+  const int64_t step = GRAD_SPAN_VECTORS * FMLP_SIMD_WIDTH;
+  vreal g[GRAD_SPAN_VECTORS], z[GRAD_SPAN_VECTORS], u[GRAD_SPAN_VECTORS];
+  vreal gg[GRAD_SPAN_VECTORS], gu[GRAD_SPAN_VECTORS];
   int64_t i = 0;
+  for (; i + step <= n; i += step) {
+    for (int j = 0; j < GRAD_SPAN_VECTORS; ++j) {
+      const int64_t at = i + j * FMLP_SIMD_WIDTH;
+      g[j] = vs_load(grad + at);
+      z[j] = vs_load(gate + at);
+      u[j] = vs_load(up + at);
+    }
+    FN(gated_grads_vectors)(g, z, u, GRAD_SPAN_VECTORS, activation, gg, gu);
+    for (int j = 0; j < GRAD_SPAN_VECTORS; ++j) {
+      vs_store(grad_gate + i + j * FMLP_SIMD_WIDTH, gg[j]);
+      vs_store(grad_up + i + j * FMLP_SIMD_WIDTH, gu[j]);
+    }
+  }
   for (; i + FMLP_SIMD_WIDTH <= n; i += FMLP_SIMD_WIDTH) {
-    FN(gated_grads_vector)(vs_load(grad + i), vs_load(gate + i), vs_load(up + i), activation,
-                           &gg, &gu);
-    vs_store(grad_gate + i, gg);
-    vs_store(grad_up + i, gu);
+    g[0] = vs_load(grad + i);
+    z[0] = vs_load(gate + i);
+    u[0] = vs_load(up + i);
+    FN(gated_grads_vectors)(g, z, u, 1, activation, gg, gu);
+    vs_store(grad_gate + i, gg[0]);
+    vs_store(grad_up + i, gu[0]);
   }
   if (i < n) {
     const int64_t left = n - i;
-    FN(gated_grads_vector)(vs_load_first(grad + i, left), vs_load_first(gate + i, left),
-                           vs_load_first(up + i, left), activation, &gg, &gu);
-    vs_store_first(grad_gate + i, gg, left);
-    vs_store_first(grad_up + i, gu, left);
+    g[0] = vs_load_first(grad + i, left);
+    z[0] = vs_load_first(gate + i, left);
+    u[0] = vs_load_first(up + i, left);
+    FN(gated_grads_vectors)(g, z, u, 1, activation, gg, gu);
+    vs_store_first(grad_gate + i, gg[0], left);
+    vs_store_first(grad_up + i, gu[0], left);
   }
 }
 #else

@@ -67,10 +67,11 @@ static inline vreal FN(v_exp_clamped)(vreal clamped) {
 #endif
 }
 
-/* 1 + exp(x), the denominator of the sigmoid forms (GELU(tanh), SiLU). Below
- * exp's underflow x is clamped, not selected to 0: 1 + exp(-87.33) is 1, as
- * 1 + 0 is (a compare and a blend fewer). */
-static inline vreal FN(v_one_plus_exp)(vreal x) {
+/* exp(x) for the sigmoid forms (GELU(tanh), SiLU): past float's range it
+ * overflows to inf, as expf does; below exp's underflow x is clamped, not
+ * selected to 0: 1 + exp(-87.33) is 1, as 1 + 0 is (a compare and a blend
+ * fewer). */
+static inline vreal FN(v_exp_or_inf)(vreal x) {
   /* NaN stays NaN: x is the second operand of max/min. Where the SIMD header
    * scales by 2^n in one instruction (v_scale_pow2: AVX-512's vscalefps), x
    * is clamped past the overflow, which that scaling turns into inf: 2 to 5
@@ -80,14 +81,17 @@ static inline vreal FN(v_one_plus_exp)(vreal x) {
    * thread's CPU time, min of 30, loaded machine: 399-411 ns against
    * 568-583), and exp from 88.37 to its overflow is no longer exp(88.37). */
 #if FMLP_SIMD_HAS_SCALE_POW2
-  const vreal clamped = v_min(v_set1(89.0f), v_max(v_set1(EXP_CLAMP_BELOW), x));
-  return v_add(v_set1(1.0f), FN(v_exp_clamped)(clamped));
+  return FN(v_exp_clamped)(v_min(v_set1(89.0f), v_max(v_set1(EXP_CLAMP_BELOW), x)));
 #else
   const vreal clamped = v_min(v_set1(88.37f), v_max(v_set1(EXP_CLAMP_BELOW), x));
-  /* beyond float range exp overflows to inf, as expf does */
-  return v_add(v_set1(1.0f), v_select_greater(x, v_set1(EXP_OVERFLOWS_PAST), v_set1(INFINITY),
-                                              FN(v_exp_clamped)(clamped)));
+  return v_select_greater(x, v_set1(EXP_OVERFLOWS_PAST), v_set1(INFINITY),
+                          FN(v_exp_clamped)(clamped));
 #endif
+}
+
+/* 1 + exp(x), the denominator of the sigmoid forms */
+static inline vreal FN(v_one_plus_exp)(vreal x) {
+  return v_add(v_set1(1.0f), FN(v_exp_or_inf)(x));
 }
 
 /* exp(x) for x <= 0 or NaN (the normal density, exp(-2|u|) in the GELU(tanh)
@@ -113,15 +117,19 @@ static inline vreal FN(v_erfc_poly)(vreal t, float scale) {
   return v_fma(r, t, v_set1(0.254829592f * scale));
 }
 
-/* erf(x) = 1 - erfc(|x|) with x's sign, in PyTorch's operations: the
- * ending 1 - p(t) (t exp(-x^2)) rounds once, x's sign goes on by an xor.
- * exp(-x^2) skips the underflow select: for |x| > 9.34 it is exp(-87.33)
+/* erf(x) = 1 - erfc(|x|) with x's sign from e = exp(-x^2), in PyTorch's
+ * operations: the ending 1 - p(t) (t e) rounds once, x's sign goes on by an
+ * xor. */
+static inline vreal FN(v_erf_given_exp)(vreal x, vreal e) {
+  const vreal t = FN(v_erfc_t)(v_abs(x));
+  return v_flip_sign(v_fnma(FN(v_erfc_poly)(t, 1.0f), v_mul(t, e), v_set1(1.0f)), x);
+}
+
+/* exp(-x^2) skips the underflow select: for |x| > 9.34 it is exp(-87.33)
  * ~ 1.2e-38 instead of 0, and 1 - erfc is 1 either way. */
 static inline vreal FN(v_erf)(vreal x) {
   const vreal minus_x2 = v_fnma(x, x, v_zero());
-  const vreal e = FN(v_exp_clamped)(v_max(v_set1(EXP_CLAMP_BELOW), minus_x2));
-  const vreal t = FN(v_erfc_t)(v_abs(x));
-  return v_flip_sign(v_fnma(FN(v_erfc_poly)(t, 1.0f), v_mul(t, e), v_set1(1.0f)), x);
+  return FN(v_erf_given_exp)(x, FN(v_exp_clamped)(v_max(v_set1(EXP_CLAMP_BELOW), minus_x2)));
 }
 /* The same formulas as the scalar activate_row (activation.h) and PyTorch,
  * so NaN and +-inf come out the same. */
@@ -129,40 +137,43 @@ static inline vreal FN(v_relu)(vreal v) {
   return v_max(v_zero(), v); /* NaN is the second operand: it propagates */
 }
 
-/* Phi(z), the standard normal's CDF. For bfloat16 from its tail
- * Phi(-|z|) = erfc(|z| / sqrt2) / 2, kept or subtracted from 1 by the sign
- * of z: 0.5 (1 + erf) cancels for negative z (Phi(-5.7) comes out 6.5
- * bfloat16 ulps off in GELU's slope), the tail does not. */
-static inline vreal FN(v_normal_cdf)(vreal z) {
 #if STORE_ROUNDS_TO_BF16
+/* Phi(z), the standard normal's CDF, and (*e) exp(-z^2 / 2), the normal
+ * density's exp, which it takes from the tail Phi(-|z|) = erfc(|z| / sqrt2)
+ * / 2, kept or subtracted from 1 by the sign of z: 0.5 (1 + erf) cancels for
+ * negative z (Phi(-5.7) comes out 6.5 bfloat16 ulps off in GELU's slope),
+ * the tail does not. */
+static inline vreal FN(v_normal_cdf_and_exp)(vreal z, vreal *e) {
   const vreal a = v_abs(v_mul(z, v_set1(0.70710678118654752f)));
   const vreal t = FN(v_erfc_t)(a);
-  const vreal tail = v_mul(v_mul(FN(v_erfc_poly)(t, 0.5f), t),
-                           FN(v_exp_nonpositive)(v_sub(v_zero(), v_mul(a, a))));
+  *e = FN(v_exp_nonpositive)(v_sub(v_zero(), v_mul(a, a)));
+  const vreal tail = v_mul(v_mul(FN(v_erfc_poly)(t, 0.5f), t), *e);
   return v_select_greater(z, v_zero(), v_sub(v_set1(1.0f), tail), tail);
-#else
-  return v_mul(v_set1(0.5f), v_add(v_set1(1.0f), FN(v_erf)(v_mul(z, v_set1(0.70710678118654752f)))));
-#endif
 }
+#endif
 
 static inline vreal FN(v_gelu)(vreal v) {
 #if STORE_ROUNDS_TO_BF16
-  return v_mul(v, FN(v_normal_cdf)(v));
+  vreal unused;
+  return v_mul(v, FN(v_normal_cdf_and_exp)(v, &unused));
 #else /* PyTorch's order of operations */
   const vreal cdf_doubled = v_add(v_set1(1.0f), FN(v_erf)(v_mul(v, v_set1(0.70710678118654752f))));
   return v_mul(v_mul(v_set1(0.5f), v), cdf_doubled);
 #endif
 }
 
+/* -2u for GELU(tanh)'s u = c (z + kappa z^3): v (-2c - 2c kappa v^2), its
+ * constants folded (3 operations, not 6), and no z^3 to overflow. */
+static inline vreal FN(v_gelu_tanh_minus_2u)(vreal v) {
+  return v_mul(v, v_fma(v_mul(v, v), v_set1(-2.0f * 0.79788456080286535588f * 0.044715f),
+                        v_set1(-2.0f * 0.79788456080286535588f)));
+}
+
 /* 0.5 z (1 + tanh(u)) as z sigmoid(2u): the same value without 1 + tanh(u)
  * cancelling for negative z (max relative error 3.0e-4 -> 1.1e-6), and
  * the same NaN / -0 where z^3 overflows or z is infinite. */
 static inline vreal FN(v_gelu_tanh)(vreal v) {
-  /* -2u = v (-2c - 2c kappa v^2), its constants folded: 3 operations, not 6 */
-  const vreal minus_2u =
-      v_mul(v, v_fma(v_mul(v, v), v_set1(-2.0f * 0.79788456080286535588f * 0.044715f),
-                     v_set1(-2.0f * 0.79788456080286535588f)));
-  return v_div(v, FN(v_one_plus_exp)(minus_2u));
+  return v_div(v, FN(v_one_plus_exp)(FN(v_gelu_tanh_minus_2u)(v)));
 }
 
 /* v / (1 + exp(-v)), as PyTorch's vectorised SiLU */
@@ -203,6 +214,9 @@ static inline __attribute__((always_inline)) void FN(activate_vectors)(
  * alternating in one process, medians of 41 rounds: 4 at a time 0.857x the
  * time of 1 on AVX2, 0.963x on AVX-512, same bits). */
 #define ACTIVATE_SPAN_VECTORS 4
+/* The same for the backward's spans (activation_grad_span, the gated
+ * backward's gated_grads_span) */
+#define GRAD_SPAN_VECTORS 4
 
 /* v[0, n) = act(v[0, n)), ACTIVATE_SPAN_VECTORS vectors at a time, then one;
  * the tail is masked, never read or written past n. */
@@ -228,63 +242,127 @@ static void FN(activate_span)(REAL *v, int64_t n, fmlp_activation activation) {
   }
 }
 
-/* act'(z), the same formulas as the scalar activation_grad_row (activation.h). */
-static inline vreal FN(v_gelu_grad)(vreal z) {
-  const vreal cdf = FN(v_normal_cdf)(z);
-  const vreal pdf = v_mul(v_set1(0.39894228040143267794f),
-                          FN(v_exp_nonpositive)(v_mul(v_mul(z, z), v_set1(-0.5f))));
-  return v_fma(z, pdf, cdf);
+/* ---- slopes: each act'(z) with act(z) (*act) from the same exp and
+ * denominator, *act in the bits the forward's v_<act> gives (the gated
+ * backward's grad_up takes both; where *act goes unused the compiler drops
+ * what only it needed). The formulas are the scalar activation_grad_row's
+ * (activation.h) and PyTorch's, so NaN and +-inf come out as theirs. ---- */
+
+/* Phi(z) + z phi(z), the normal density phi from the exp inside Phi's erf /
+ * erfc: exp(-(z / sqrt2)^2) for exp(-z^2 / 2), one exp where two were. */
+static inline vreal FN(v_gelu_and_grad)(vreal z, vreal *act) {
+  vreal e, cdf;
+#if STORE_ROUNDS_TO_BF16
+  cdf = FN(v_normal_cdf_and_exp)(z, &e);
+  *act = v_mul(z, cdf);
+#else
+  const vreal x = v_mul(z, v_set1(0.70710678118654752f));
+  /* with the underflow select, unlike v_erf's exp: phi(+-inf) is 0 and the
+   * slope at an infinite z NaN, as PyTorch's; erf's 1 - t p e is 1 either way */
+  e = FN(v_exp_nonpositive)(v_fnma(x, x, v_zero()));
+  const vreal cdf_doubled = v_add(v_set1(1.0f), FN(v_erf_given_exp)(x, e));
+  *act = v_mul(v_mul(v_set1(0.5f), z), cdf_doubled);
+  cdf = v_mul(v_set1(0.5f), cdf_doubled);
+#endif
+  return v_fma(z, v_mul(v_set1(0.39894228040143267794f), e), cdf);
 }
 
 /* 0.5 (1 + t) + 0.5 z (1 - t^2) u' for t = tanh(u), written with
- * h = 0.5 (1 + t) = sigmoid(2u) and r = 1 - h = sigmoid(-2u), both from
- * a = exp(-2|u|) <= 1, as h + 2 z h r u': 1 + t and 1 - t^2 = 4 h r then
- * never cancel (|t| near 1), and an overflow in z^3 or an infinite z gives
- * NaN as torch's gelu_backward does. */
-static inline vreal FN(v_gelu_tanh_grad)(vreal z) {
-  const vreal one = v_set1(1.0f), z2 = v_mul(z, z);
-  const vreal u = v_mul(v_set1(0.79788456080286535588f), v_fma(v_set1(0.044715f), v_mul(z2, z), z));
-  const vreal a = FN(v_exp_nonpositive)(v_mul(v_set1(-2.0f), v_abs(u)));
-  const vreal big = v_div(one, v_add(one, a)), small = v_mul(a, big);
-  const vreal h = v_select_greater(v_zero(), u, small, big);
-  const vreal r = v_select_greater(v_zero(), u, big, small);
-  const vreal du = v_mul(v_set1(0.79788456080286535588f), v_fma(v_set1(3 * 0.044715f), z2, one));
+ * h = 0.5 (1 + t) = sigmoid(2u) = 1 / d and r = 1 - h = sigmoid(-2u), from
+ * the forward's e = exp(-2u) and d = 1 + e, as h + 2 z h r u': r is e h for
+ * u >= 0 (e <= 1) and 1 - h for u < 0 (h <= 1/2), so 1 + t and
+ * 1 - t^2 = 4 h r never cancel (|t| near 1) and e = inf (u < -44) gives no
+ * inf * 0. e is 0 past its underflow, so an infinite z, or one whose z^2
+ * overflows, gives NaN as torch's gelu_backward does. */
+static inline vreal FN(v_gelu_tanh_and_grad)(vreal z, vreal *act) {
+  const vreal one = v_set1(1.0f);
+  const vreal minus_2u = FN(v_gelu_tanh_minus_2u)(z);
+  const vreal e = FN(v_exp_or_inf)(minus_2u);
+  const vreal d = v_add(one, e);
+  *act = v_div(z, d);
+  const vreal h = v_div(one, d);
+  const vreal e_or_0 = v_select_greater(v_set1(EXP_UNDERFLOWS_BELOW), minus_2u, v_zero(), e);
+  const vreal r = v_select_greater(minus_2u, v_zero(), v_sub(one, h), v_mul(e_or_0, h));
+  const vreal du =
+      v_mul(v_set1(0.79788456080286535588f), v_fma(v_set1(3 * 0.044715f), v_mul(z, z), one));
   return v_fma(v_mul(v_add(z, z), v_mul(h, r)), du, h);
 }
 
-static inline vreal FN(v_silu_grad)(vreal z) {
+/* s (1 + z (1 - s)) for s = sigmoid(z) = 1 / d, d the forward's 1 + exp(-z) */
+static inline vreal FN(v_silu_and_grad)(vreal z, vreal *act) {
   const vreal one = v_set1(1.0f);
-  const vreal s = v_div(one, FN(v_one_plus_exp)(v_sub(v_zero(), z)));
+  const vreal d = FN(v_one_plus_exp)(v_sub(v_zero(), z));
+  *act = v_div(z, d);
+  const vreal s = v_div(one, d);
   return v_mul(s, v_fma(z, v_sub(one, s), one));
 }
 
-/* grad * act'(pre); ReLU's is a select, as torch's threshold_backward: a NaN
- * pre-activation passes the gradient. */
-static inline __attribute__((always_inline)) vreal FN(v_activation_grad)(
-    vreal grad, vreal pre, fmlp_activation activation) {
+/* grad[i] *= act'(pre[i]) over count vectors, and act[i] = act(pre[i]) where
+ * act is not NULL (a constant after inlining); the switch sits outside the
+ * loops, as in activate_vectors. ReLU's slope is a select, as torch's
+ * threshold_backward: a NaN pre-activation passes the gradient. */
+static inline __attribute__((always_inline)) void FN(activation_grad_vectors)(
+    vreal *grad, const vreal *pre, vreal *act, int count, fmlp_activation activation) {
+  vreal value[GRAD_SPAN_VECTORS];
   switch (activation) {
-    case FMLP_ACT_RELU: return v_select_less_equal(pre, v_zero(), v_zero(), grad);
-    case FMLP_ACT_GELU: return v_mul(grad, FN(v_gelu_grad)(pre));
-    case FMLP_ACT_GELU_TANH: return v_mul(grad, FN(v_gelu_tanh_grad)(pre));
-    case FMLP_ACT_SILU: return v_mul(grad, FN(v_silu_grad)(pre));
+    case FMLP_ACT_RELU:
+#pragma GCC unroll 64
+      for (int i = 0; i < count; ++i) {
+        value[i] = FN(v_relu)(pre[i]);
+        grad[i] = v_select_less_equal(pre[i], v_zero(), v_zero(), grad[i]);
+      }
+      break;
+    case FMLP_ACT_GELU:
+#pragma GCC unroll 64
+      for (int i = 0; i < count; ++i) grad[i] = v_mul(grad[i], FN(v_gelu_and_grad)(pre[i], &value[i]));
+      break;
+    case FMLP_ACT_GELU_TANH:
+#pragma GCC unroll 64
+      for (int i = 0; i < count; ++i) {
+        grad[i] = v_mul(grad[i], FN(v_gelu_tanh_and_grad)(pre[i], &value[i]));
+      }
+      break;
+    case FMLP_ACT_SILU:
+#pragma GCC unroll 64
+      for (int i = 0; i < count; ++i) grad[i] = v_mul(grad[i], FN(v_silu_and_grad)(pre[i], &value[i]));
+      break;
     case FMLP_ACT_NONE:
-    case FMLP_ACT_COUNT: break;
+    case FMLP_ACT_COUNT:
+#pragma GCC unroll 64
+      for (int i = 0; i < count; ++i) value[i] = pre[i];
+      break;
   }
-  return grad;
+  if (act != NULL) {
+#pragma GCC unroll 64
+    for (int i = 0; i < count; ++i) act[i] = value[i];
+  }
 }
 
-/* out[0, n) = grad * act'(pre) over storage, a vector at a time in REAL; the
- * tail is masked. out may be grad. */
+/* out[0, n) = grad * act'(pre) over storage, GRAD_SPAN_VECTORS vectors at a
+ * time in REAL, then one; the tail is masked. out may be grad. */
 static void FN(activation_grad_span)(STORE *out, const STORE *grad, const STORE *pre, int64_t n,
                                      fmlp_activation activation) {
+  const int64_t step = GRAD_SPAN_VECTORS * FMLP_SIMD_WIDTH;
   int64_t i = 0;
+  for (; i + step <= n; i += step) {
+    vreal g[GRAD_SPAN_VECTORS], z[GRAD_SPAN_VECTORS];
+    for (int j = 0; j < GRAD_SPAN_VECTORS; ++j) {
+      g[j] = vs_load(grad + i + j * FMLP_SIMD_WIDTH);
+      z[j] = vs_load(pre + i + j * FMLP_SIMD_WIDTH);
+    }
+    FN(activation_grad_vectors)(g, z, NULL, GRAD_SPAN_VECTORS, activation);
+    for (int j = 0; j < GRAD_SPAN_VECTORS; ++j) vs_store(out + i + j * FMLP_SIMD_WIDTH, g[j]);
+  }
   for (; i + FMLP_SIMD_WIDTH <= n; i += FMLP_SIMD_WIDTH) {
-    vs_store(out + i, FN(v_activation_grad)(vs_load(grad + i), vs_load(pre + i), activation));
+    vreal g = vs_load(grad + i);
+    const vreal z = vs_load(pre + i);
+    FN(activation_grad_vectors)(&g, &z, NULL, 1, activation);
+    vs_store(out + i, g);
   }
   if (i < n) {
-    const vreal tail =
-        FN(v_activation_grad)(vs_load_first(grad + i, n - i), vs_load_first(pre + i, n - i),
-                              activation);
-    vs_store_first(out + i, tail, n - i);
+    vreal g = vs_load_first(grad + i, n - i);
+    const vreal z = vs_load_first(pre + i, n - i);
+    FN(activation_grad_vectors)(&g, &z, NULL, 1, activation);
+    vs_store_first(out + i, g, n - i);
   }
 }
