@@ -36,16 +36,18 @@ OPTIMISE = ["-std=c11", "-O3", "-fno-math-errno", f"-I{ROOT / 'csrc' / 'include'
 
 
 def unit_copy(isa: str, build: str, folder: Path, variant: Path | None) -> Path:
-    """The float32 unit of isa in folder, its symbols suffixed _build, beside variant's headers."""
+    """The float32 unit of isa in folder, its symbols suffixed _build, beside a copy of every
+    kernel header with variant's in their place: a quoted include looks in the including
+    header's own folder first, so a variant of a header that another header includes (gemm.h,
+    vector_math.h) reaches the build only if the includer is copied too."""
     folder.mkdir()
     source = (CPU_DIR / f"kernels_f32_{isa}.c").read_text()
     suffix = f"#define REAL_SUFFIX f32_{isa}"
     if suffix not in source:
         sys.exit(f"kernels_f32_{isa}.c does not define REAL_SUFFIX as {suffix!r}")
     (folder / "unit.c").write_text(source.replace(suffix, f"{suffix}_{build}"))
-    if variant is not None:
-        for header in variant.glob("*.h"):
-            shutil.copy(header, folder / header.name)
+    for header in [*CPU_DIR.glob("*.h"), *(variant.glob("*.h") if variant else ())]:
+        shutil.copy(header, folder / header.name)
     return folder / "unit.c"
 
 
