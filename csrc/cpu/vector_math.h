@@ -328,6 +328,7 @@ static inline __attribute__((always_inline)) void FN(activation_grad_vectors)(
       break;
     case FMLP_ACT_NONE:
     case FMLP_ACT_COUNT:
+    default: /* the API checked activation: the default tells GCC value is always set */
 #pragma GCC unroll 64
       for (int i = 0; i < count; ++i) value[i] = pre[i];
       break;
