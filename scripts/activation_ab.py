@@ -101,6 +101,18 @@ def per_value_ns(run, x: torch.Tensor, out: torch.Tensor) -> float:
     return (time.thread_time_ns() - start) / (CALLS_PER_SAMPLE * x.numel())
 
 
+def rotating_samples(runs: dict, rounds: int, x: torch.Tensor,
+                     out: torch.Tensor) -> dict[str, list[float]]:
+    """ns a value of each run, `rounds` times, the runs taking turns in a rotating order so
+    that drifting load biases none of them."""
+    samples: dict[str, list[float]] = {who: [] for who in runs}
+    order = list(runs)
+    for r in range(rounds):
+        for who in order[r % len(order):] + order[:r % len(order)]:
+            samples[who].append(per_value_ns(runs[who], x, out))
+    return samples
+
+
 def time_passes(passes: dict[str, dict], rounds: int) -> None:
     torch.set_num_threads(1)
     x = torch.randn(VALUES, generator=torch.Generator().manual_seed(0)) * 3
@@ -108,11 +120,7 @@ def time_passes(passes: dict[str, dict], rounds: int) -> None:
     print(f"{VALUES} floats, {rounds} rounds, ns a value (min / median); load "
           f"{os.getloadavg()[0]:.1f}, torch at {torch.backends.cpu.get_cpu_capability()}")
     for activation, runs in passes.items():
-        samples: dict[str, list[float]] = {who: [] for who in runs}
-        order = list(runs)
-        for r in range(rounds):
-            for who in order[r % len(order):] + order[:r % len(order)]:
-                samples[who].append(per_value_ns(runs[who], x, out))
+        samples = rotating_samples(runs, rounds, x, out)
         medians = {who: statistics.median(s) for who, s in samples.items()}
         cells = ", ".join(f"{who} {min(s):.3f} / {medians[who]:.3f}" for who, s in samples.items())
         ratios = ", ".join(f"{one}/{other} {medians[one] / medians[other]:.3f}"
@@ -264,11 +272,7 @@ def time_grads(unit: str, builds: dict[str, dict], rounds: int) -> None:
                     for who, passes in builds.items()}
             if kind == "slope":
                 runs["torch"] = lambda _x, _o, f=GRAD_REFERENCES[activation]: f(g, x)
-            samples: dict[str, list[float]] = {who: [] for who in runs}
-            order = list(runs)
-            for r in range(rounds):
-                for who in order[r % len(order):] + order[:r % len(order)]:
-                    samples[who].append(per_value_ns(runs[who], x, out))
+            samples = rotating_samples(runs, rounds, x, out)
             medians = {who: statistics.median(s) for who, s in samples.items()}
             cells = ", ".join(f"{who} {min(s):.3f} / {medians[who]:.3f}"
                               for who, s in samples.items())
