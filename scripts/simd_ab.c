@@ -11,7 +11,10 @@
  * both one row block, weights packed just in time), the study MLP at 2048
  * rows and the GeGLU block at 1024 tokens (row blocks cut as for two
  * threads, run one after another on this one), and the GeGLU block at 256
- * tokens. */
+ * tokens. The training benches' float32 backwards on one thread:
+ * `backward`, bench train_step's 256 x 512^3 and train_small's 16 x 256^3
+ * ReLU chains without grad_x, and each one's dW and dX products alone;
+ * `gated_backward`, train_gated's GeGLU block at 256 tokens. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdint.h>
 #include <stdio.h>
@@ -35,6 +38,14 @@ fmlp_status BUILD_A(fmlp_cpu_chain)(const fmlp_cpu_chain_args *, const fmlp_thre
 fmlp_status BUILD_B(fmlp_cpu_chain)(const fmlp_cpu_chain_args *, const fmlp_threading *);
 fmlp_status BUILD_A(fmlp_cpu_gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
 fmlp_status BUILD_B(fmlp_cpu_gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
+fmlp_status BUILD_A(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *,
+                                             const fmlp_threading *);
+fmlp_status BUILD_B(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *,
+                                             const fmlp_threading *);
+fmlp_status BUILD_A(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backward_args *,
+                                                   const fmlp_threading *);
+fmlp_status BUILD_B(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backward_args *,
+                                                   const fmlp_threading *);
 
 enum { MAX_ROUNDS = 1000 };
 
@@ -47,20 +58,38 @@ static void one_after_another(void *pool, int64_t n_tasks, void *context, fmlp_t
 }
 static const fmlp_threading AS_FOR_TWO = {one_after_another, NULL, 2};
 
+typedef enum { CHAIN, GATED, CHAIN_BACKWARD, GATED_BACKWARD } op_kind;
+
 typedef struct {
-  int gated;
+  op_kind kind;
   fmlp_cpu_chain_args chain;
   fmlp_cpu_gated_args block;
+  fmlp_cpu_chain_backward_args chain_backward;
+  fmlp_cpu_gated_block_backward_args block_backward;
   const fmlp_threading *threading;
 } op;
 
+static fmlp_status run_op(const op *o, int build_b) {
+  switch (o->kind) {
+    case GATED:
+      return (build_b ? BUILD_B(fmlp_cpu_gated) : BUILD_A(fmlp_cpu_gated))(&o->block,
+                                                                          o->threading);
+    case CHAIN_BACKWARD:
+      return (build_b ? BUILD_B(fmlp_cpu_chain_backward)
+                      : BUILD_A(fmlp_cpu_chain_backward))(&o->chain_backward, o->threading);
+    case GATED_BACKWARD:
+      return (build_b ? BUILD_B(fmlp_cpu_gated_block_backward)
+                      : BUILD_A(fmlp_cpu_gated_block_backward))(&o->block_backward,
+                                                                o->threading);
+    default:
+      return (build_b ? BUILD_B(fmlp_cpu_chain) : BUILD_A(fmlp_cpu_chain))(&o->chain,
+                                                                          o->threading);
+  }
+}
+
 static double seconds(const op *o, int build_b) {
   const double t0 = cpu_now();
-  const fmlp_status status =
-      o->gated ? (build_b ? BUILD_B(fmlp_cpu_gated) : BUILD_A(fmlp_cpu_gated))(&o->block,
-                                                                              o->threading)
-               : (build_b ? BUILD_B(fmlp_cpu_chain) : BUILD_A(fmlp_cpu_chain))(&o->chain,
-                                                                              o->threading);
+  const fmlp_status status = run_op(o, build_b);
   if (status != FMLP_OK) {
     fprintf(stderr, "status %d\n", (int)status);
     exit(1);
@@ -142,7 +171,7 @@ static void gated_cases(int rounds) {
   const int64_t dim = 768, hidden = 3072;
   for (size_t s = 0; s < sizeof tokens / sizeof tokens[0]; ++s) {
     const int64_t rows = tokens[s];
-    const op o = {.gated = 1,
+    const op o = {.kind = GATED,
                   .block = {.dtype = FMLP_F32, .rows = rows, .dim = dim, .hidden = hidden,
                             .out_dim = dim, .x = {filled(rows * dim, 1), dim, 1},
                             .w_gate = {filled(hidden * dim, 2), dim, 1},
@@ -157,6 +186,70 @@ static void gated_cases(int rounds) {
     free((void *)o.block.x.data), free((void *)o.block.w_gate.data);
     free((void *)o.block.w_up.data), free((void *)o.block.w_down.data), free(o.block.y);
   }
+}
+
+/* A training bench's chain backward, `rows` x (width -> width -> width ->
+ * width) ReLU with biases, no grad_x (autograd skips it for an input without
+ * grad), then its products one at a time: one layer's dW alone and its dX
+ * alone. */
+static void chain_backward_cases(int rounds, int64_t rows, int64_t width) {
+  const int64_t widths[4] = {width, width, width, width};
+  fmlp_input weights[3];
+  const void *pre[3], *hidden[3];
+  void *grad_w[3], *grad_b[3];
+  for (int l = 0; l < 3; ++l) {
+    weights[l] = (fmlp_input){filled(width * width, 10 + l), width, 1};
+    pre[l] = filled(rows * width, 20 + l);
+    hidden[l] = filled(rows * width, 30 + l);
+    grad_w[l] = filled(width * width, 40 + l);
+    grad_b[l] = filled(width, 50 + l);
+  }
+  float *grad_x = filled(rows * width, 5);
+  const fmlp_cpu_chain_backward_args chain = {
+      .dtype = FMLP_F32, .rows = rows, .n_layers = 3, .widths = widths,
+      .x = {filled(rows * width, 1), width, 1}, .weights = weights,
+      .hidden_activation = FMLP_ACT_RELU, .final_activation = FMLP_ACT_NONE,
+      .saved_pre = pre, .saved_hidden = hidden, .grad_y = filled(rows * width, 4),
+      .grad_x = NULL, .grad_weights = grad_w, .grad_biases = grad_b};
+  const double product = 2.0 * rows * width * width;
+  op o = {.kind = CHAIN_BACKWARD, .chain_backward = chain};
+  char what[80];
+  snprintf(what, sizeof what, "backward %lld x %lld^3 ReLU, no grad_x", (long long)rows,
+           (long long)width);
+  compare(what, &o, rounds, 5 * product);
+  void *const no_weights[1] = {NULL};
+  o.chain_backward.n_layers = 1;
+  o.chain_backward.grad_biases = NULL;
+  snprintf(what, sizeof what, "its dW alone (K = %lld)", (long long)rows);
+  compare(what, &o, rounds, product);
+  o.chain_backward.grad_weights = no_weights;
+  o.chain_backward.grad_x = grad_x;
+  compare("its dX alone", &o, rounds, product);
+  for (int l = 0; l < 3; ++l) {
+    free((void *)weights[l].data), free((void *)pre[l]), free((void *)hidden[l]);
+    free(grad_w[l]), free(grad_b[l]);
+  }
+  free(grad_x), free((void *)chain.x.data), free((void *)chain.grad_y);
+}
+
+/* Bench train_gated's backward: the GeGLU block at 256 tokens, no biases. */
+static void gated_backward_case(int rounds) {
+  const int64_t rows = 256, dim = 768, hidden = 3072;
+  const fmlp_cpu_gated_block_backward_args b = {
+      .dtype = FMLP_F32, .rows = rows, .dim = dim, .hidden = hidden, .out_dim = dim,
+      .x = {filled(rows * dim, 1), dim, 1}, .w_gate = {filled(hidden * dim, 2), dim, 1},
+      .w_up = {filled(hidden * dim, 3), dim, 1}, .w_down = {filled(dim * hidden, 4), hidden, 1},
+      .activation = FMLP_ACT_GELU_TANH, .saved_gate = filled(rows * hidden, 5),
+      .saved_up = filled(rows * hidden, 6), .saved_product = filled(rows * hidden, 7),
+      .grad_y = filled(rows * dim, 8), .grad_x = filled(rows * dim, 9),
+      .grad_w_gate = filled(hidden * dim, 10), .grad_w_up = filled(hidden * dim, 11),
+      .grad_w_down = filled(dim * hidden, 12)};
+  const op o = {.kind = GATED_BACKWARD, .block_backward = b};
+  compare("GeGLU backward 256 x 768-3072-768", &o, rounds, 2.0 * 6 * rows * dim * hidden);
+  free((void *)b.x.data), free((void *)b.w_gate.data), free((void *)b.w_up.data);
+  free((void *)b.w_down.data), free((void *)b.saved_gate), free((void *)b.saved_up);
+  free((void *)b.saved_product), free((void *)b.grad_y), free(b.grad_x);
+  free(b.grad_w_gate), free(b.grad_w_up), free(b.grad_w_down);
 }
 
 /* Whether the comma-separated list `cases` names `name`. */
@@ -178,5 +271,10 @@ int main(int argc, char **argv) {
   if (names(cases, "linear1024")) linear_cases(rounds, 1024);
   if (names(cases, "mlp")) mlp_case(rounds);
   if (names(cases, "gated")) gated_cases(rounds);
+  if (names(cases, "backward")) {
+    chain_backward_cases(rounds, 256, 512); /* train_step */
+    chain_backward_cases(rounds, 16, 256);  /* train_small */
+  }
+  if (names(cases, "gated_backward")) gated_backward_case(rounds);
   return 0;
 }

@@ -8,7 +8,8 @@ process they see the same load:
 
     PYTHONPATH=python python scripts/simd_ab.py ISA VARIANT_DIR [ROUNDS [CASES]]
 
-CASES: a comma-separated subset of linear,linear1024,mlp,gated (default linear,mlp,gated;
+CASES: a comma-separated subset of linear,linear1024,mlp,gated,backward,
+gated_backward (default linear,mlp,gated;
 linear1024 is linear's shapes at 1024 rows). A header of VARIANT_DIR is copied beside B's copy
 of the unit's source, where the unit's own `#include "..."` finds it first; a header that
 another header of csrc/cpu includes (gemm.h from drivers.h) is replaced only together with its
