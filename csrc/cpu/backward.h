@@ -274,8 +274,13 @@ static void FN(run_rows_stages)(const FN(column_split) *split, int64_t n_stages,
 
 /* Asks for the cache lines of `cols` STOREs of a row of b. b's rows lie a
  * row stride apart (a weight's rows for dX), each tile reading 256 bytes of
- * each: the hardware prefetchers leave the FMAs waiting for them. A prefetch
- * past b's end is a hint, never a read that can fault. */
+ * each: the hardware prefetchers leave the FMAs waiting for them. Only rows
+ * inside the K block: a dW's K is the few rows (16 in bench train_small),
+ * its b a few KiB in L1, and the prefetches past it took a third of the
+ * tile's load slots (scripts/simd_ab.py backward, one thread, 31 rounds
+ * alternating in one process: 16 x 256^3 ReLU backward 0.975x the time, its
+ * dW alone 0.963x, its dX and the 256-row cases level). A prefetch past b's
+ * end is a hint, never a read that can fault. */
 static FMLP_ALWAYS_INLINE void FN(prefetch_store_row)(const STORE *row, int64_t cols) {
   for (int64_t at = 0; at < cols * (int64_t)sizeof(STORE); at += 64) {
     __builtin_prefetch((const char *)row + at, 0, 3);
@@ -304,7 +309,7 @@ static FMLP_ALWAYS_INLINE void FN(small_product_tile)(int64_t tile_rows, int64_t
     }
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
-    FN(prefetch_store_row)(b + (kk + PREFETCH_K_STEPS) * ldb, cols);
+    if (kk + PREFETCH_K_STEPS < kc) FN(prefetch_store_row)(b + (kk + PREFETCH_K_STEPS) * ldb, cols);
     vreal bv[SMALL_PRODUCT_NV];
     for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
       const int64_t left = cols - v * FMLP_SIMD_WIDTH;
@@ -427,7 +432,23 @@ static int FN(few_rows_gated_fits)(const fmlp_cpu_gated_block_backward_args *a) 
  * call, 15 rounds, load average ~8 on 2 cores, median of the rounds' ratios):
  * one task, GeGLU 0.96, the chain 0.95; a 2-task split's work on one thread,
  * 0.99 and 0.98. The bound is the forward's; 0 here restores the row split
- * past few rows. */
+ * past few rows.
+ *
+ * Where bench train_step (256 x 512^3 ReLU, float32) stands, part by part
+ * (issue 13; machine loaded, load 2-3 on 2 cores): on one thread our ops
+ * against eager's op sequence, alternating in one process (thread CPU time,
+ * min of 60-150 rounds), forward 1.05x, backward 1.02x, each of our products
+ * as fast as the forward's (C harness, 256 x 512 x 512: forward 714 us, dW
+ * 691, dX 695, min of 41) and 1.05-1.15x MKL's mm; packing ~8% of the
+ * backward's samples, its pointwise work ~2% (perf). On two threads (wall,
+ * min of 150-400 rounds) forward 1.16-1.22x, backward 1.16-1.20x: our ops
+ * scale 1.62-1.65x from one thread to two, eager's 1.86-1.88x. Tried against
+ * that and dropped: stages cut into 4 parts a thread, claimed as they come
+ * so that a running thread takes on a preempted one's (8% more work: the
+ * 2-task split run on one thread, 4.41 against 4.05 ms median for the
+ * backward, GeGLU 54.3 against 49.9 ms), and the forward without a shared
+ * input (each task packing its own: one 256 x 512 x 512 product 1.14-1.16x
+ * MKL against 1.16-1.21x, the 3-layer forward level). */
 #define BACKWARD_COLUMNS_MAX_ROWS GEMM_JIT_MAX_ROWS
 
 /* Where a column-split backward's products find b: weight_block_at < 0, in
