@@ -324,11 +324,21 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
   }
 }
 
-/* A linear tile whose epilogue is still to run: microkernel_amx stores its
- * float C tiles here and returns; the next call runs this epilogue a group of
- * rows at a time between its own tile products, and FMLP_MICROKERNEL_END
- * (finish_tiles) runs the last one, so the tile multiplier and the vector
- * units work at the same time. Run after its own products, the epilogue
+/* A linear tile whose epilogue is still to run: microkernel_amx returns with
+ * its float C tiles still in the tile registers; the next call stores them
+ * here once its first A and B tiles are loading (store_pending), then runs
+ * this epilogue a group of rows at a time between its own tile products,
+ * and FMLP_MICROKERNEL_END (finish_tiles) stores and finishes the last one,
+ * so the tile multiplier and the vector units work at the same time. The C
+ * tiles stored at the end of their own call, the tile loop drained there:
+ * the stores waited for the last products, the next tile's loads for the
+ * stores (AMX tiles are not renamed). Stored after the next tile's first
+ * loads, a 512-row block of 1024 -> 4096 (gemm_rows) took 2.87-3.03 ms
+ * against 3.09-3.14, with bias and GELU 3.61-3.69 against 3.70-3.91
+ * (scripts/amx_bisect.py, one thread's CPU time, min of 25 rounds, the
+ * builds alternating over 4 processes each, loaded machine); the tile loop
+ * over a fixed block in L2 with the epilogue into a 32 x 32 output lost
+ * 3-6% to its products alone, against 12%. Before that, Run after its own products, the epilogue
  * added ~40% to a tile's time at K = 1024 with GELU(tanh); overlapped, a
  * tile took 1.93-1.96 us against 2.14-2.16 (GELU: 2.09 against 2.27; a
  * plain product 1.47 against 1.46: the unit's micro-kernel over 8 x 8 tiles
@@ -349,6 +359,7 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
 typedef struct {
   _Alignas(64) REAL t[GEMM_MR][GEMM_NR];
   int64_t rows, cols; /* rows 0: none pending */
+  int in_tiles;       /* its C tiles are still in the tile registers, not in t */
   STORE *c;
   int64_t ldc;
   FN(tile_epilogue) ep;
@@ -405,6 +416,19 @@ static void FN(finish_rows)(const FN(pending_tile) *p, int64_t i0) {
   }
 }
 
+/* The pending tile's C tiles (pending NULL: none) into t, where they are
+ * still in the tile registers. */
+static FMLP_ALWAYS_INLINE void FN(store_pending)(FN(pending_tile) *p) {
+  if (p == NULL || !p->in_tiles) return;
+  const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
+  _tile_stored(TILE_C00, &p->t[0][0], t_stride);
+  _tile_stored(TILE_C01, &p->t[0][AMX_ROWS], t_stride);
+  _tile_stored(TILE_C10, &p->t[AMX_ROWS][0], t_stride);
+  _tile_stored(TILE_C11, &p->t[AMX_ROWS][AMX_ROWS], t_stride);
+  p->in_tiles = 0;
+  TILE_READS_MEMORY(); /* the epilogue's vector loads read what the tiles stored */
+}
+
 /* The pending tile's rows from i0 on; nothing is pending after. */
 static void FN(finish_pending)(FN(pending_tile) *p, int64_t i0) {
   for (; i0 < p->rows; i0 += GROUP_ROWS) FN(finish_rows)(p, i0);
@@ -414,13 +438,27 @@ static void FN(finish_pending)(FN(pending_tile) *p, int64_t i0) {
 /* FMLP_MICROKERNEL_BEGIN: no tile pending yet, and the tile configuration. */
 static void FN(begin_tiles)(void *state) {
   ((FN(pending_tile) *)state)->rows = 0;
+  ((FN(pending_tile) *)state)->in_tiles = 0;
   FN(configure_tiles)();
 }
 
 /* FMLP_MICROKERNEL_END: the last tile's epilogue, then the tiles released. */
 static void FN(finish_tiles)(void *state) {
+  FN(store_pending)(state);
   FN(finish_pending)(state, 0);
   _tile_release();
+}
+
+/* Step q's A tiles (from a, see amx_input) and B tiles (b[0], b[1]). */
+static FMLP_ALWAYS_INLINE void FN(load_step)(FN(amx_input) a, const uint32_t *const b[2],
+                                             int64_t q) {
+  const int64_t a_stride = a.row * (int64_t)sizeof(STORE);
+  const int64_t b_stride = GEMM_NR * (int64_t)sizeof(uint32_t);
+  const STORE *a_q = a.first + q * a.block;
+  _tile_loadd(TILE_A0, a_q, a_stride);
+  _tile_loadd(TILE_A1, a_q + AMX_ROWS * a.row, a_stride);
+  _tile_loadd(TILE_B0, b[0] + q * AMX_ROWS * GEMM_NR, b_stride);
+  _tile_loadd(TILE_B1, b[1] + q * AMX_ROWS * GEMM_NR, b_stride);
 }
 
 /* The four C tiles over all of kc: A tiles from a (see amx_input), B tiles
@@ -431,29 +469,27 @@ static void FN(finish_tiles)(void *state) {
  * samples (65536 x (64 -> 128 -> 128 -> 64) ReLU 14.8-14.9 ms against
  * 16.0: C harness, one thread's CPU time, medians of 21 alternating runs,
  * loaded machine). The pending tile's epilogue (pending NULL: none, the
- * gated tile) runs a group of rows every `every` whole 32s of K, and is done
- * by the time the C tiles are. */
+ * gated tile) is stored from the C tiles once the first step's A and B
+ * tiles are loading, then runs a group of rows every `every` whole 32s of
+ * K, and is done by the time the C tiles are. */
 static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
                                                   const uint32_t *const b[2],
                                                   FN(pending_tile) *pending) {
-  const int64_t whole = kc / AMX_K, b_stride = GEMM_NR * (int64_t)sizeof(uint32_t);
-  const int64_t a_stride = a.row * (int64_t)sizeof(STORE);
+  const int64_t whole = kc / AMX_K;
   /* the pending tile's row groups spread evenly over the whole 32s of K */
   const int64_t pending_rows = pending != NULL ? pending->rows : 0;
   const int64_t groups = (pending_rows + GROUP_ROWS - 1) / GROUP_ROWS;
   const int64_t every = groups > 0 && whole / groups > 1 ? whole / groups : 1;
   int64_t next_row = 0;
   TILE_READS_MEMORY(); /* the packs, which the caller may have just written */
+  if (whole > 0) FN(load_step)(a, b, 0);
+  FN(store_pending)(pending);
   _tile_zero(TILE_C00);
   _tile_zero(TILE_C01);
   _tile_zero(TILE_C10);
   _tile_zero(TILE_C11);
   for (int64_t q = 0; q < whole; ++q) {
-    const STORE *a_q = a.first + q * a.block;
-    _tile_loadd(TILE_A0, a_q, a_stride);
-    _tile_loadd(TILE_A1, a_q + AMX_ROWS * a.row, a_stride);
-    _tile_loadd(TILE_B0, b[0] + q * AMX_ROWS * GEMM_NR, b_stride);
-    _tile_loadd(TILE_B1, b[1] + q * AMX_ROWS * GEMM_NR, b_stride);
+    if (q > 0) FN(load_step)(a, b, q);
     _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
     _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
     _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
@@ -483,19 +519,16 @@ static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
 
 /* The input's MR rows a (a tile-ready panel, or in place: see amx_input)
  * times the K-pair weight panel b (NR columns) over all of K, into the
- * row-major tile c (rows x cols of it), its epilogue left pending. */
+ * row-major tile c (rows x cols of it), its C tiles and epilogue left
+ * pending. */
 static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *restrict b,
                                 STORE *c, int64_t ldc, int64_t rows, int64_t cols,
                                 const FN(tile_epilogue) *ep) {
   const uint32_t *b_slots = (const uint32_t *)b;
   const uint32_t *const halves[2] = {b_slots, b_slots + AMX_ROWS};
-  const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
   FN(pending_tile) *p = ep->state;
   FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), halves, p);
-  _tile_stored(TILE_C00, &p->t[0][0], t_stride);
-  _tile_stored(TILE_C01, &p->t[0][AMX_ROWS], t_stride);
-  _tile_stored(TILE_C10, &p->t[AMX_ROWS][0], t_stride);
-  _tile_stored(TILE_C11, &p->t[AMX_ROWS][AMX_ROWS], t_stride);
+  p->in_tiles = 1;
   p->rows = rows;
   p->cols = cols;
   p->c = c;
