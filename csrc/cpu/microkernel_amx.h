@@ -49,6 +49,32 @@
  * busy, the isolated loop with it (shared core resources), so
  * two-thread timings here are ratios at best.
  *
+ * scripts/amx_bisect.py walks from that loop to the op (one thread's CPU
+ * time, min of 30 rounds, every step once a round, loaded machine; after
+ * the C tiles' deferred store, see pending_tile), 512 x 1024 -> 4096, ms:
+ * products over a fixed input and weight block in L2 2.12-2.20 (1.95-2.02
+ * TFLOP/s), + the C tiles' stores and the deferred rounding epilogue into
+ * a 32 x 32 output 2.22-2.35, + the real output (rows 8 KiB apart) 2.41-2.61,
+ * + the whole packed weight (a new 512 KiB block per 256 columns) and the
+ * input packed per block: gemm_rows 2.80-3.02 (1.42-1.53 TFLOP/s); then
+ * bias and GELU 3.60-3.75, the whole op (fmlp_cpu_chain: just in time
+ * weight blocks, scratch) 4.25-4.45 (~1.0 TFLOP/s). At 4096 rows (32 MiB
+ * of output, the weight packed ahead) the real output costs 1.29x, the
+ * whole weight 1.05x, a fresh output 1.18x, the op 1.04x over gemm_rows'
+ * bias and GELU. gemm_rows (512 rows) against itself: output rows padded past 4 KiB aliasing level, the input
+ * pack on a huge page level, the packed weight on 4 KiB pages 1.46x
+ * (fmlp_alloc_scratch advises 2 MiB ones), a fresh output (page faults)
+ * 1.08x. GELU's epilogue costs ~0.37 us a tile whatever K (384, 512 or
+ * 1024): it does not overlap the products. Tried and dropped, against
+ * gemm_rows: the next weight panel prefetched into L2 during the first
+ * input panel's tiles 1.02x, the next weight block a share per tile
+ * 1.04-1.07x, input and weight blocks of 64-512 rows and columns level
+ * (64 x 4096 1.9x), streaming stores for the output level (a fresh output
+ * 1.2x), PREFETCHW of a tile's output rows a tile ahead level (0.85x in
+ * the loop over a fixed weight block), 4 epilogue vectors a group level.
+ * Each memory stream (weight, output, input) costs a few percent and a
+ * fix to one does not show: their sum seems what limits the loop.
+ *
  * The packed path's tile is 32 x 32 (2 x 2 C tiles, 2 A and 2 B: all 8 tile
  * registers; the gated tile too, gate's then up's: see microkernel_gated_amx);
  * the few-row paths and everything else are microkernel_simd.h's
