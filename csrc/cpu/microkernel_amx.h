@@ -49,6 +49,36 @@
  * busy, the isolated loop with it (shared core resources), so
  * two-thread timings here are ratios at best.
  *
+ * scripts/amx_bisect.py walks from that loop to the op (one thread's CPU time,
+ * min of 30 rounds, every step once a round, loaded machine; after the C tiles'
+ * deferred store, see pending_tile), 512 x 1024 -> 4096, ms: products over a
+ * fixed input and weight block in L2 2.12-2.20 (1.95-2.02 TFLOP/s), + the C
+ * tiles' stores and the deferred rounding epilogue into a 32 x 32 output
+ * 2.22-2.35, + the real output (rows 8 KiB apart) 2.41-2.61, + the whole packed
+ * weight (a new 512 KiB block per 256 columns) and the input packed per block:
+ * gemm_rows 2.80-3.02 (1.42-1.53 TFLOP/s); then bias and GELU 3.60-3.75
+ * (3.0-3.2 since finish_rows_to), the whole op (fmlp_cpu_chain: just in time
+ * weight blocks, scratch) 4.25-4.45 (~1.0 TFLOP/s; 3.8-4.0 since). At 4096 rows
+ * (32 MiB of output, the weight packed ahead) the real output costs 1.29x, the
+ * whole weight 1.05x, a fresh output 1.18x, the op 1.04x over gemm_rows' bias
+ * and GELU. gemm_rows (512 rows) against itself: output rows padded past 4 KiB
+ * aliasing level, the input pack on a huge page level, the packed weight on 4
+ * KiB pages 1.46x (fmlp_alloc_scratch advises 2 MiB ones), a fresh output (page
+ * faults) 1.08x. GELU's epilogue in groups of 4 rows every 4 K steps cost ~0.37
+ * us a tile whatever K (384, 512 or 1024), as much as alone: it did not overlap
+ * the products; a row a step does (finish_rows_to). Tried and dropped, against
+ * gemm_rows: the next weight panel prefetched into L2 during the first input
+ * panel's tiles 1.02x, the next weight block a share per tile 1.04-1.07x, input
+ * and weight blocks of 64-512 rows and columns level (64 x 4096 1.9x),
+ * streaming stores for the output level (a fresh output 1.2x), PREFETCHW of a
+ * tile's output rows a tile ahead level (0.85x in the loop over a fixed weight
+ * block). Each memory stream (weight, output, input) costs a few percent and a
+ * fix to one does not show: their sum seems what limits the loop. Unexplained:
+ * the C tiles stored each tile with no epilogue reading them ran 1.24-1.33x the
+ * products, slower than with the epilogue (1.03-1.10x); at 4096 rows the op
+ * after the other steps ran up to 1.85x gemm_rows with bias and GELU, alone in
+ * its process 1.1x.
+ *
  * The packed path's tile is 32 x 32 (2 x 2 C tiles, 2 A and 2 B: all 8 tile
  * registers; the gated tile too, gate's then up's: see microkernel_gated_amx);
  * the few-row paths and everything else are microkernel_simd.h's
@@ -324,11 +354,21 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
   }
 }
 
-/* A linear tile whose epilogue is still to run: microkernel_amx stores its
- * float C tiles here and returns; the next call runs this epilogue a group of
- * rows at a time between its own tile products, and FMLP_MICROKERNEL_END
- * (finish_tiles) runs the last one, so the tile multiplier and the vector
- * units work at the same time. Run after its own products, the epilogue
+/* A linear tile whose epilogue is still to run: microkernel_amx returns with
+ * its float C tiles still in the tile registers; the next call stores them
+ * here once its first A and B tiles are loading (store_pending), then runs
+ * this epilogue a group of rows at a time between its own tile products,
+ * and FMLP_MICROKERNEL_END (finish_tiles) stores and finishes the last one,
+ * so the tile multiplier and the vector units work at the same time. The C
+ * tiles stored at the end of their own call, the tile loop drained there:
+ * the stores waited for the last products, the next tile's loads for the
+ * stores (AMX tiles are not renamed). Stored after the next tile's first
+ * loads, a 512-row block of 1024 -> 4096 (gemm_rows) took 2.87-3.03 ms
+ * against 3.09-3.14, with bias and GELU 3.61-3.69 against 3.70-3.91
+ * (scripts/amx_bisect.py, one thread's CPU time, min of 25 rounds, the
+ * builds alternating over 4 processes each, loaded machine); the tile loop
+ * over a fixed block in L2 with the epilogue into a 32 x 32 output lost
+ * 3-6% to its products alone, against 12%. Before that, Run after its own products, the epilogue
  * added ~40% to a tile's time at K = 1024 with GELU(tanh); overlapped, a
  * tile took 1.93-1.96 us against 2.14-2.16 (GELU: 2.09 against 2.27; a
  * plain product 1.47 against 1.46: the unit's micro-kernel over 8 x 8 tiles
@@ -349,6 +389,7 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
 typedef struct {
   _Alignas(64) REAL t[GEMM_MR][GEMM_NR];
   int64_t rows, cols; /* rows 0: none pending */
+  int in_tiles;       /* its C tiles are still in the tile registers, not in t */
   STORE *c;
   int64_t ldc;
   FN(tile_epilogue) ep;
@@ -357,11 +398,13 @@ typedef struct {
 /* Rows one call of finish_rows takes: EPILOGUE_VECTORS vectors. */
 enum { GROUP_ROWS = EPILOGUE_VECTORS / GEMM_NV };
 
-/* Rows [i0, i0 + GROUP_ROWS) of the pending tile: bias, pre-activation,
- * activation and the rounding store. */
-static void FN(finish_rows)(const FN(pending_tile) *p, int64_t i0) {
+/* Rows [i0, i0 + group) of the pending tile (group at most GROUP_ROWS, a
+ * constant where inlined): bias, pre-activation, activation and the
+ * rounding store. */
+static FMLP_ALWAYS_INLINE void FN(finish_group)(const FN(pending_tile) *p, int64_t i0,
+                                                int group) {
   const FN(tile_epilogue) *ep = &p->ep;
-  const int64_t here = p->rows - i0 < GROUP_ROWS ? p->rows - i0 : GROUP_ROWS;
+  const int64_t here = p->rows - i0 < group ? p->rows - i0 : group;
   STORE *c = p->c + i0 * p->ldc;
   /* a plain product (the backward's dW and dX: no bias, pre-activation or
    * activation) is only rounded and stored: through the grouped epilogue
@@ -384,7 +427,7 @@ static void FN(finish_rows)(const FN(pending_tile) *p, int64_t i0) {
   vreal start[GEMM_NV];
   FN(bias_vectors)(ep->bias, GEMM_NV, p->cols, start);
   vreal r[GROUP_ROWS][GEMM_NV];
-  for (int i = 0; i < GROUP_ROWS; ++i) {
+  for (int i = 0; i < group; ++i) {
     for (int v = 0; v < GEMM_NV; ++v) {
       r[i][v] = v_add(v_load(&p->t[i0 + i][v * FMLP_SIMD_WIDTH]), start[v]);
     }
@@ -394,15 +437,60 @@ static void FN(finish_rows)(const FN(pending_tile) *p, int64_t i0) {
    * stack: the micro-kernel alone at kc 64 with ReLU 41.5 ms against 49.7,
    * 65536 x (64 -> 128 -> 128 -> 64) ReLU 7.7-12.9 against 8.5-14.7: C
    * harness, medians of 21 alternating runs, loaded machine) */
-  for (int i = 0; i < GROUP_ROWS; ++i) {
+  for (int i = 0; i < group; ++i) {
     if (i < here && ep->pre != NULL) {
       FN(store_row_bf16)(ep->pre + (i0 + i) * ep->pre_stride, r[i], GEMM_NV, p->cols);
     }
   }
-  FN(activate_vectors)(&r[0][0], EPILOGUE_VECTORS, ep->activation);
-  for (int i = 0; i < GROUP_ROWS; ++i) {
+  FN(activate_vectors)(&r[0][0], group * GEMM_NV, ep->activation);
+  for (int i = 0; i < group; ++i) {
     if (i < here) FN(store_row_bf16)(c + i * p->ldc, r[i], GEMM_NV, p->cols);
   }
+}
+
+/* finish_group of GROUP_ROWS rows from i0. */
+static void FN(finish_rows)(const FN(pending_tile) *p, int64_t i0) {
+  FN(finish_group)(p, i0, GROUP_ROWS);
+}
+
+/* finish_group of row i0 alone. */
+static void FN(finish_row)(const FN(pending_tile) *p, int64_t i0) { FN(finish_group)(p, i0, 1); }
+
+/* The pending tile finished from row i0 up to row `due` (none when i0 >=
+ * due): whole groups while GROUP_ROWS are due, then a row at a time;
+ * returns the row it stopped at. Between the tile products a row (2
+ * vectors) a K step overlaps them, where a group of 4 rows every 4 steps
+ * did not at all: with GELU it added ~0.37 us a tile whatever K, as much as
+ * that epilogue alone took (0.35). A row a step against that (scripts/
+ * amx_bisect.py with the activation varied, one thread's CPU time, min of
+ * 15-20 rounds, 2-3 processes of each build alternating, loaded machine,
+ * outputs bit-identical), ms: gemm_rows of 512 rows x 1024 -> 4096, bias
+ * and GELU, 3.01-3.22 against 3.45-3.86, the whole op 3.76-3.97 against
+ * 4.08-4.45; 768 -> 3072 GELU(tanh) 1.76-1.86 against 2.05-2.15; 512 ->
+ * 2048 GELU 0.99-1.04 against 1.08-1.11; 1024 rows x 384 -> 1536 level;
+ * plain products level. Groups of 2 rows every 2 steps ran between (1024
+ * -> 4096 GELU 3.31-3.46). A short K (up to 8 steps) keeps a group a
+ * step, the rest after the products, as before: alone, larger groups run
+ * faster (see finish_group); 4096 x 128 -> 512 ReLU still ran 2-3% slower
+ * at the min (medians level), 64 -> 128 level. */
+static FMLP_ALWAYS_INLINE int64_t FN(finish_rows_to)(const FN(pending_tile) *p, int64_t i0,
+                                                    int64_t due) {
+  for (; due - i0 >= GROUP_ROWS; i0 += GROUP_ROWS) FN(finish_rows)(p, i0);
+  for (; i0 < due; ++i0) FN(finish_row)(p, i0);
+  return i0;
+}
+
+/* The pending tile's C tiles (pending NULL: none) into t, where they are
+ * still in the tile registers. */
+static FMLP_ALWAYS_INLINE void FN(store_pending)(FN(pending_tile) *p) {
+  if (p == NULL || !p->in_tiles) return;
+  const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
+  _tile_stored(TILE_C00, &p->t[0][0], t_stride);
+  _tile_stored(TILE_C01, &p->t[0][AMX_ROWS], t_stride);
+  _tile_stored(TILE_C10, &p->t[AMX_ROWS][0], t_stride);
+  _tile_stored(TILE_C11, &p->t[AMX_ROWS][AMX_ROWS], t_stride);
+  p->in_tiles = 0;
+  TILE_READS_MEMORY(); /* the epilogue's vector loads read what the tiles stored */
 }
 
 /* The pending tile's rows from i0 on; nothing is pending after. */
@@ -414,13 +502,27 @@ static void FN(finish_pending)(FN(pending_tile) *p, int64_t i0) {
 /* FMLP_MICROKERNEL_BEGIN: no tile pending yet, and the tile configuration. */
 static void FN(begin_tiles)(void *state) {
   ((FN(pending_tile) *)state)->rows = 0;
+  ((FN(pending_tile) *)state)->in_tiles = 0;
   FN(configure_tiles)();
 }
 
 /* FMLP_MICROKERNEL_END: the last tile's epilogue, then the tiles released. */
 static void FN(finish_tiles)(void *state) {
+  FN(store_pending)(state);
   FN(finish_pending)(state, 0);
   _tile_release();
+}
+
+/* Step q's A tiles (from a, see amx_input) and B tiles (b[0], b[1]). */
+static FMLP_ALWAYS_INLINE void FN(load_step)(FN(amx_input) a, const uint32_t *const b[2],
+                                             int64_t q) {
+  const int64_t a_stride = a.row * (int64_t)sizeof(STORE);
+  const int64_t b_stride = GEMM_NR * (int64_t)sizeof(uint32_t);
+  const STORE *a_q = a.first + q * a.block;
+  _tile_loadd(TILE_A0, a_q, a_stride);
+  _tile_loadd(TILE_A1, a_q + AMX_ROWS * a.row, a_stride);
+  _tile_loadd(TILE_B0, b[0] + q * AMX_ROWS * GEMM_NR, b_stride);
+  _tile_loadd(TILE_B1, b[1] + q * AMX_ROWS * GEMM_NR, b_stride);
 }
 
 /* The four C tiles over all of kc: A tiles from a (see amx_input), B tiles
@@ -431,36 +533,35 @@ static void FN(finish_tiles)(void *state) {
  * samples (65536 x (64 -> 128 -> 128 -> 64) ReLU 14.8-14.9 ms against
  * 16.0: C harness, one thread's CPU time, medians of 21 alternating runs,
  * loaded machine). The pending tile's epilogue (pending NULL: none, the
- * gated tile) runs a group of rows every `every` whole 32s of K, and is done
- * by the time the C tiles are. */
+ * gated tile) is stored from the C tiles once the first step's A and B
+ * tiles are loading, then runs its rows spread over the whole 32s of K
+ * (finish_rows_to), and is done by the time the C tiles are. */
 static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
                                                   const uint32_t *const b[2],
                                                   FN(pending_tile) *pending) {
-  const int64_t whole = kc / AMX_K, b_stride = GEMM_NR * (int64_t)sizeof(uint32_t);
-  const int64_t a_stride = a.row * (int64_t)sizeof(STORE);
-  /* the pending tile's row groups spread evenly over the whole 32s of K */
+  const int64_t whole = kc / AMX_K;
+  /* the pending tile's rows spread over the whole 32s of K, as evenly as
+   * whole rows a step go, at most a group a step (the rest after them) */
   const int64_t pending_rows = pending != NULL ? pending->rows : 0;
-  const int64_t groups = (pending_rows + GROUP_ROWS - 1) / GROUP_ROWS;
-  const int64_t every = groups > 0 && whole / groups > 1 ? whole / groups : 1;
+  const int64_t spread = whole > 0 ? (pending_rows + whole - 1) / whole : 0;
+  const int64_t rows_a_step = spread < GROUP_ROWS ? spread : GROUP_ROWS;
   int64_t next_row = 0;
   TILE_READS_MEMORY(); /* the packs, which the caller may have just written */
+  if (whole > 0) FN(load_step)(a, b, 0);
+  FN(store_pending)(pending);
   _tile_zero(TILE_C00);
   _tile_zero(TILE_C01);
   _tile_zero(TILE_C10);
   _tile_zero(TILE_C11);
   for (int64_t q = 0; q < whole; ++q) {
-    const STORE *a_q = a.first + q * a.block;
-    _tile_loadd(TILE_A0, a_q, a_stride);
-    _tile_loadd(TILE_A1, a_q + AMX_ROWS * a.row, a_stride);
-    _tile_loadd(TILE_B0, b[0] + q * AMX_ROWS * GEMM_NR, b_stride);
-    _tile_loadd(TILE_B1, b[1] + q * AMX_ROWS * GEMM_NR, b_stride);
+    if (q > 0) FN(load_step)(a, b, q);
     _tile_dpbf16ps(TILE_C00, TILE_A0, TILE_B0);
     _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
     _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
     _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
-    if (next_row < pending_rows && q % every == 0) {
-      FN(finish_rows)(pending, next_row);
-      next_row += GROUP_ROWS;
+    if (next_row < pending_rows) {
+      const int64_t due = next_row + rows_a_step;
+      next_row = FN(finish_rows_to)(pending, next_row, due < pending_rows ? due : pending_rows);
     }
   }
   if (pending != NULL) FN(finish_pending)(pending, next_row);
@@ -483,19 +584,16 @@ static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
 
 /* The input's MR rows a (a tile-ready panel, or in place: see amx_input)
  * times the K-pair weight panel b (NR columns) over all of K, into the
- * row-major tile c (rows x cols of it), its epilogue left pending. */
+ * row-major tile c (rows x cols of it), its C tiles and epilogue left
+ * pending. */
 static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *restrict b,
                                 STORE *c, int64_t ldc, int64_t rows, int64_t cols,
                                 const FN(tile_epilogue) *ep) {
   const uint32_t *b_slots = (const uint32_t *)b;
   const uint32_t *const halves[2] = {b_slots, b_slots + AMX_ROWS};
-  const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
   FN(pending_tile) *p = ep->state;
   FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), halves, p);
-  _tile_stored(TILE_C00, &p->t[0][0], t_stride);
-  _tile_stored(TILE_C01, &p->t[0][AMX_ROWS], t_stride);
-  _tile_stored(TILE_C10, &p->t[AMX_ROWS][0], t_stride);
-  _tile_stored(TILE_C11, &p->t[AMX_ROWS][AMX_ROWS], t_stride);
+  p->in_tiles = 1;
   p->rows = rows;
   p->cols = cols;
   p->c = c;
