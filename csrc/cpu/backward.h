@@ -566,6 +566,21 @@ static int64_t FN(pack_need_elems)(const FN(pack_need) *need, int64_t *weight_bl
   return total / CACHE_LINE_REALS * CACHE_LINE_REALS;
 }
 
+/* A columns backward's split (backward_split) with each task's scratch for
+ * `need`, and the input packs its tasks share (shared_elems); few rows pack
+ * neither (b read in place), *shared then NULL. */
+static fmlp_status FN(columns_split)(const fmlp_threading *threading, int64_t multiply_adds,
+                                     int few_rows, const FN(pack_need) *need,
+                                     int64_t shared_elems, int64_t *weight_block_at,
+                                     REAL **shared, FN(column_split) *split) {
+  *shared = NULL;
+  const int64_t pack_elems = few_rows ? 0 : FN(pack_need_elems)(need, weight_block_at);
+  fmlp_status status = FN(backward_split)(threading, multiply_adds,
+                                          COLUMN_SPLIT_MIN_MULTIPLY_ADDS, pack_elems, split);
+  if (status == FMLP_OK && !few_rows) status = FN(alloc_shared_input)(1, shared_elems, shared);
+  return status;
+}
+
 /* sums[j] = sum over rows of m[r, j] (row order, in REAL) for j in
  * [j0, j0 + count), m rows x width contiguous; nothing for sums NULL. */
 #define COLUMN_SUMS_SPAN 64
@@ -721,13 +736,9 @@ static fmlp_status FN(chain_backward_columns)(const fmlp_cpu_chain_backward_args
   }
   int64_t shared_elems = bw.dx_at;
   FN(add_elems)(&shared_elems, dx_elems);
-  const int64_t pack_elems = few_rows ? 0 : FN(pack_need_elems)(&need, &bw.weight_block_at);
   FN(column_split) split = {NULL, NULL, 0};
-  fmlp_status status = FN(backward_split)(threading, multiply_adds,
-                                          COLUMN_SPLIT_MIN_MULTIPLY_ADDS, pack_elems, &split);
-  if (status == FMLP_OK && !few_rows) {
-    status = FN(alloc_shared_input)(1, shared_elems, &bw.shared);
-  }
+  fmlp_status status = FN(columns_split)(threading, multiply_adds, few_rows, &need, shared_elems,
+                                         &bw.weight_block_at, &bw.shared, &split);
   bw.scratch = fmlp_alloc_matrices(2, rows, bw.max_width, sizeof(STORE));
   if (status == FMLP_OK && bw.scratch == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
   if (status == FMLP_OK) {
@@ -876,13 +887,9 @@ static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backwar
   FN(advise_output)(a->grad_w_gate, h, dim, dim);
   FN(advise_output)(a->grad_w_up, h, dim, dim);
   FN(advise_output)(a->grad_w_down, out, h, h);
-  const int64_t pack_elems = few_rows ? 0 : FN(pack_need_elems)(&need, &bw.weight_block_at);
   FN(column_split) split = {NULL, NULL, 0};
-  fmlp_status status = FN(backward_split)(threading, multiply_adds,
-                                          COLUMN_SPLIT_MIN_MULTIPLY_ADDS, pack_elems, &split);
-  if (status == FMLP_OK && !few_rows) {
-    status = FN(alloc_shared_input)(1, shared_elems, &bw.shared);
-  }
+  fmlp_status status = FN(columns_split)(threading, multiply_adds, few_rows, &need, shared_elems,
+                                         &bw.weight_block_at, &bw.shared, &split);
   bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
   bw.from_up = fmlp_alloc_matrices(1, rows, dim, sizeof(STORE));
   if (status == FMLP_OK && (bw.grad_gate == NULL || bw.from_up == NULL)) {

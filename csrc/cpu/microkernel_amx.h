@@ -368,9 +368,9 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
  * (scripts/amx_bisect.py, one thread's CPU time, min of 25 rounds, the
  * builds alternating over 4 processes each, loaded machine); the tile loop
  * over a fixed block in L2 with the epilogue into a 32 x 32 output lost
- * 3-6% to its products alone, against 12%. Before that, Run after its own products, the epilogue
- * added ~40% to a tile's time at K = 1024 with GELU(tanh); overlapped, a
- * tile took 1.93-1.96 us against 2.14-2.16 (GELU: 2.09 against 2.27; a
+ * 3-6% to its products alone, against 12%. Run after its own products,
+ * the epilogue added ~40% to a tile's time at K = 1024 with GELU(tanh);
+ * overlapped, a tile took 1.93-1.96 us against 2.14-2.16 (GELU: 2.09 against 2.27; a
  * plain product 1.47 against 1.46: the unit's micro-kernel over 8 x 8 tiles
  * of panels from L2 between BEGIN and END, one thread's CPU time, best 3 of
  * 15-25 alternating runs, loaded machine; gemm_rows over 1024 rows, one
