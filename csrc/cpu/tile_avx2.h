@@ -67,6 +67,15 @@
  * the down projection changed nothing beyond the noise (timed in pairs, 512
  * ran 0.93-0.94x the time of 1024: now GEMM_LINEAR_KC). MKL's AVX2 sgemm
  * (MKL_ENABLE_INSTRUCTIONS=AVX2, same process, same shapes) took 0.80-0.92x
- * our packed products' time. */
+ * our packed products' time. Issue 18's sweep had the cases with K >= 1024
+ * (study_mlp, gated_1024, large_gemm) at 61-64% of the peak and those with
+ * K = 768 at 83-84%; K was not it: one thread, the ksweep products (rows x K
+ * -> 3072 GELU, K 768 / 1024 / 3072) ran 105-116 GFLOP/s at every K and
+ * either row count, the whole cases 90-108 GFLOP/s a CPU-second alike
+ * (scripts/cpu_share.py, 2 threads). Their wall rate is the load's: on
+ * a machine shared with builds, those three read 1.04-1.23 CPU-seconds a
+ * second (one core's worth) while study_linear and study_gated, run in
+ * turn with them, read 1.81-1.91; idle, all five ran at 1.97-2.01, 203-216
+ * GFLOP/s, 79-84% of the 2-thread peak (258). */
 
 #endif /* FUSEDMLP_CPU_TILE_AVX2_H */
