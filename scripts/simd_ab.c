@@ -10,8 +10,9 @@
  * Cases: linear GELU at 512 rows (`linear`) and 1024 rows (`linear1024`;
  * both one row block, weights packed just in time), the study MLP at 2048
  * rows and the GeGLU block at 1024 tokens (row blocks cut as for two
- * threads, run one after another on this one), and the GeGLU block at 256
- * tokens. The training benches' float32 backwards on one thread:
+ * threads, run one after another on this one), the GeGLU block at 256
+ * tokens, and (`gated4096`) at 4096 tokens, weights packed ahead. `ksweep`:
+ * see k_sweep_cases. The training benches' float32 backwards on one thread:
  * `backward`, bench train_step's 256 x 512^3 and train_small's 16 x 256^3
  * ReLU chains without grad_x, and each one's dW and dX products alone;
  * `gated_backward`, train_gated's GeGLU block at 256 tokens. */
@@ -131,7 +132,8 @@ static void linear_cases(int rounds, int64_t rows) {
     const int64_t widths[2] = {k, n};
     const fmlp_input weight = {filled(n * k, 2), k, 1};
     const void *bias[1] = {filled(n, 3)};
-    const op o = {.chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 1, .widths = widths,
+    const op o = {.kind = CHAIN,
+                    .chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 1, .widths = widths,
                             .x = {filled(rows * k, 1), k, 1}, .weights = &weight,
                             .biases = bias, .hidden_activation = FMLP_ACT_GELU,
                             .final_activation = FMLP_ACT_GELU, .y = filled(rows * n, 4),
@@ -166,10 +168,9 @@ static void mlp_case(int rounds) {
   free((void *)o.chain.x.data), free(o.chain.y);
 }
 
-static void gated_cases(int rounds) {
-  static const int64_t tokens[] = {256, 1024};
+static void gated_cases(int rounds, const int64_t *tokens, size_t count) {
   const int64_t dim = 768, hidden = 3072;
-  for (size_t s = 0; s < sizeof tokens / sizeof tokens[0]; ++s) {
+  for (size_t s = 0; s < count; ++s) {
     const int64_t rows = tokens[s];
     const op o = {.kind = GATED,
                   .block = {.dtype = FMLP_F32, .rows = rows, .dim = dim, .hidden = hidden,
@@ -252,6 +253,35 @@ static void gated_backward_case(int rounds) {
   free(b.grad_w_gate), free(b.grad_w_up), free(b.grad_w_down);
 }
 
+/* Single products at K = 768, 1024 and 3072, everything else equal (issue
+ * 18: the cases with K >= 1024 ran at a lower fraction of the peak): rows x K
+ * -> 3072 GELU at 1024 rows (one row block, weights packed just in time) and
+ * 4096 (packed ahead, row blocks cut as for two threads). */
+static void k_sweep_cases(int rounds) {
+  static const int64_t row_counts[] = {1024, 4096}, depths[] = {768, 1024, 3072};
+  const int64_t n = 3072;
+  for (size_t r = 0; r < sizeof row_counts / sizeof row_counts[0]; ++r) {
+    for (size_t d = 0; d < sizeof depths / sizeof depths[0]; ++d) {
+      const int64_t rows = row_counts[r], k = depths[d], widths[2] = {k, n};
+      const fmlp_input weight = {filled(n * k, 2), k, 1};
+      const void *bias[1] = {filled(n, 3)};
+      const op o = {.kind = CHAIN,
+                    .chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 1, .widths = widths,
+                              .x = {filled(rows * k, 1), k, 1}, .weights = &weight,
+                              .biases = bias, .hidden_activation = FMLP_ACT_GELU,
+                              .final_activation = FMLP_ACT_GELU, .y = filled(rows * n, 4),
+                              .y_row_stride = n},
+                    .threading = rows > 1024 ? &AS_FOR_TWO : NULL};
+      char what[80];
+      snprintf(what, sizeof what, "linear %lld x %lld -> %lld GELU", (long long)rows,
+               (long long)k, (long long)n);
+      compare(what, &o, rounds, 2.0 * rows * k * n);
+      free((void *)weight.data), free((void *)bias[0]), free((void *)o.chain.x.data);
+      free(o.chain.y);
+    }
+  }
+}
+
 /* Whether the comma-separated list `cases` names `name`. */
 static int names(const char *cases, const char *name) {
   const size_t length = strlen(name);
@@ -270,7 +300,10 @@ int main(int argc, char **argv) {
   if (names(cases, "linear")) linear_cases(rounds, 512);
   if (names(cases, "linear1024")) linear_cases(rounds, 1024);
   if (names(cases, "mlp")) mlp_case(rounds);
-  if (names(cases, "gated")) gated_cases(rounds);
+  static const int64_t one_block[] = {256, 1024}, row_blocks[] = {4096};
+  if (names(cases, "gated")) gated_cases(rounds, one_block, 2);
+  if (names(cases, "gated4096")) gated_cases(rounds, row_blocks, 1);
+  if (names(cases, "ksweep")) k_sweep_cases(rounds);
   if (names(cases, "backward")) {
     chain_backward_cases(rounds, 256, 512); /* train_step */
     chain_backward_cases(rounds, 16, 256);  /* train_small */

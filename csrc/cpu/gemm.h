@@ -289,7 +289,8 @@ static void FN(fill_empty_product)(int64_t rows, int64_t n, const STORE *bias,
  * weights (2: gate and up). The micro-kernel's input panel (MR x kc) stays in
  * L1 while it sweeps the weight block (nc x kc, a weight's share of half the
  * L2), whose panels stream from L2; the input block (mc x kc) takes a quarter
- * of the L2, so the weight blocks come from farther once per mc rows. K is
+ * of the L2, so the weight blocks come from farther once per mc rows (the
+ * AVX2 float unit's shares differ: tile_avx2.h). K is
  * cut into equal blocks of at most GEMM_KC (GEMM_LINEAR_KC for one weight:
  * see microkernel_simd.h for why those are finer; two weights' K up to
  * GEMM_GATED_ONE_BLOCK_K in one block: see tile_avx512.h). Measured on the
@@ -313,15 +314,30 @@ typedef struct {
   int64_t kc, mc, nc;
 } FN(blocks);
 
-static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights) {
+/* The input block takes 1 / GEMM_INPUT_L2_SHARE of the L2 and, where the
+ * weights are packed ahead, the weight block 1 / GEMM_AHEAD_WEIGHT_L2_SHARE
+ * (a unit's tile header may set both: tile_avx2.h); weights packed just in
+ * time keep half the L2 for their block, the rows being one input block
+ * whatever its size. */
+#ifndef GEMM_INPUT_L2_SHARE
+#define GEMM_INPUT_L2_SHARE 4
+#endif
+#ifndef GEMM_AHEAD_WEIGHT_L2_SHARE
+#define GEMM_AHEAD_WEIGHT_L2_SHARE 2
+#endif
+#define GEMM_JUST_IN_TIME_WEIGHT_L2_SHARE 2
+
+static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights, int just_in_time) {
   const int64_t most_k = weights == 1                  ? GEMM_LINEAR_KC
                          : k <= GEMM_GATED_ONE_BLOCK_K ? k
                                                        : GEMM_KC;
   const int64_t l2 = fmlp_cpu_l2_bytes(), elem = (int64_t)sizeof(REAL);
   const int64_t n_k_blocks = k > most_k ? (k + most_k - 1) / most_k : 1;
   const int64_t kc = k > 0 ? (k + n_k_blocks - 1) / n_k_blocks : 1;
-  const int64_t mc = l2 / 4 / PACKED_VALUE_BYTES / kc / GEMM_MR * GEMM_MR;
-  const int64_t nc = l2 / 2 / elem / weights / kc / GEMM_NR * GEMM_NR;
+  const int64_t weight_share =
+      just_in_time ? GEMM_JUST_IN_TIME_WEIGHT_L2_SHARE : GEMM_AHEAD_WEIGHT_L2_SHARE;
+  const int64_t mc = l2 / GEMM_INPUT_L2_SHARE / PACKED_VALUE_BYTES / kc / GEMM_MR * GEMM_MR;
+  const int64_t nc = l2 / weight_share / elem / weights / kc / GEMM_NR * GEMM_NR;
   return (FN(blocks)){kc, mc > GEMM_MC ? mc : GEMM_MC, nc > GEMM_NR ? nc : GEMM_NR};
 }
 
@@ -329,7 +345,7 @@ static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights) {
  * with K up to max_k; -1 on overflow. Sized to the problem, not to the cache
  * blocks: a small call then gets a small buffer from the allocator's free
  * lists, not a fresh mmap with page faults. An input block is at most mc x kc
- * of some K's blocks: GEMM_MC rows, or a quarter of the L2. */
+ * of some K's blocks: GEMM_MC rows, or its share of the L2. */
 static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
   int64_t unpacked = 0, packed, most;
   if (rows <= GEMM_UNPACKED_MAX_ROWS && !fmlp_checked_mul(max_k, GEMM_NR, &unpacked)) return -1;
@@ -339,10 +355,10 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
       !fmlp_checked_mul(GEMM_MC, kc, &most)) {
     return -1;
   }
-  /* choose_blocks' mc x kc: a quarter of the L2 in packed values of K, each
-   * at most a slot */
-  const int64_t l2_quarter = fmlp_cpu_l2_bytes() / 4 / PACKED_VALUE_BYTES;
-  if (most < l2_quarter) most = l2_quarter;
+  /* choose_blocks' mc x kc: the input block's share of the L2 in packed
+   * values of K, each at most a slot */
+  const int64_t l2_share = fmlp_cpu_l2_bytes() / GEMM_INPUT_L2_SHARE / PACKED_VALUE_BYTES;
+  if (most < l2_share) most = l2_share;
   if (packed > most) packed = most;
   return unpacked > packed ? unpacked : packed;
 }
@@ -350,7 +366,7 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
 /* Elements of the weight block for a product over K = k of `weights`
  * weights (choose_blocks' nc x kc of each); -1 on overflow. */
 static int64_t FN(weight_block_elems)(int64_t k, int64_t weights) {
-  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  const FN(blocks) b = FN(choose_blocks)(k, weights, 1);
   int64_t count;
   if (!fmlp_checked_mul(b.nc, FN(panel_rows)(b.kc), &count) ||
       !fmlp_checked_mul(count, weights, &count)) {
@@ -380,7 +396,7 @@ static int64_t FN(whole_input_pack_elems)(int64_t rows, int64_t max_k) {
  * that split a product's columns pack it once between them and share it
  * (drivers.h's shared_input), where each would pack all of it. */
 static int64_t FN(shared_input_elems)(int64_t rows, int64_t k, int64_t weights) {
-  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  const FN(blocks) b = FN(choose_blocks)(k, weights, 1);
   const int64_t n_k_blocks = (k + b.kc - 1) / b.kc;
   int64_t count;
   if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR, FN(panel_rows)(b.kc),
@@ -402,7 +418,7 @@ static inline int64_t FN(shared_input_block_at)(int64_t rows, int64_t pc, int64_
  * panels, skipped where the tiles read it in place. */
 static void FN(pack_shared_input_panel)(fmlp_input x, int64_t rows, int64_t k, int64_t weights,
                                         int64_t unit, REAL *dst) {
-  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  const FN(blocks) b = FN(choose_blocks)(k, weights, 1);
   const int64_t panels = (rows + GEMM_MR - 1) / GEMM_MR;
   const int64_t pc = unit / panels * b.kc, ir = unit % panels * GEMM_MR;
   const int64_t kc = k - pc < b.kc ? k - pc : b.kc;
@@ -416,7 +432,7 @@ static void FN(pack_shared_input_panel)(fmlp_input x, int64_t rows, int64_t k, i
 
 /* Units (panels of K blocks) of an input packed whole: pack_shared_input_panel's. */
 static int64_t FN(shared_input_units)(int64_t rows, int64_t k, int64_t weights) {
-  const FN(blocks) b = FN(choose_blocks)(k, weights);
+  const FN(blocks) b = FN(choose_blocks)(k, weights, 1);
   return (rows + GEMM_MR - 1) / GEMM_MR * ((k + b.kc - 1) / b.kc);
 }
 
@@ -440,7 +456,7 @@ static void FN(for_each_tile)(fmlp_input x, const REAL *packed_x, int64_t rows, 
                               FN(tile_fn) tile_fn, const void *context,
                               FN(weight_blocks) *blocks) {
   const STORE *x_data = x.data;
-  FN(blocks) b = FN(choose_blocks)(k, weights);
+  FN(blocks) b = FN(choose_blocks)(k, weights, blocks != NULL);
   if (blocks != NULL || packed_x != NULL) b.mc = rows;
   const int in_place = FN(input_in_place)(x, b.kc);
   /* what the unit's micro-kernels carry from tile to tile (AMX: a tile whose

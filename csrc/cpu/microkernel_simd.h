@@ -302,10 +302,20 @@ static FMLP_ALWAYS_INLINE void FN(store_tile)(vreal acc[GEMM_MR][GEMM_NV], STORE
   }
 }
 
+/* A unit's tile header may keep the packed micro-kernels out of line
+ * (FMLP_PACKED_KERNELS_OUT_OF_LINE): inlined into gemm.h's block loops,
+ * their K loop is register-allocated with everything the loops keep live,
+ * and where registers are few that can put its counter on the stack
+ * (tile_avx2.h). (unused where the unit names its own packed micro-kernels) */
+#ifdef FMLP_PACKED_KERNELS_OUT_OF_LINE
+#define PACKED_KERNEL_ATTRIBUTES __attribute__((unused, noinline))
+#else
+#define PACKED_KERNEL_ATTRIBUTES __attribute__((unused))
+#endif
+
 /* Packed a (an MR-tall panel, element (i, kk) at a[kk * MR + i]) times the
  * packed b panel, into the row-major tile c (rows x cols of it inside). */
-/* (unused where the unit names its own packed micro-kernels) */
-static __attribute__((unused)) void FN(microkernel_packed)(int64_t kc, const REAL *restrict a,
+static PACKED_KERNEL_ATTRIBUTES void FN(microkernel_packed)(int64_t kc, const REAL *restrict a,
                                    const REAL *restrict b, STORE *c, int64_t ldc, int64_t rows, int64_t cols,
                                    const FN(tile_epilogue) *ep) {
   vreal acc[GEMM_MR][GEMM_NV];
@@ -542,7 +552,7 @@ static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GATED_NV
  * the matching packed NR-wide weight panels. Gate and up accumulate in one
  * pass over K, so the input is read once and act(gate) * up is stored
  * without a round trip through memory. */
-static __attribute__((unused)) void FN(microkernel_gated)(int64_t kc, const REAL *restrict a,
+static PACKED_KERNEL_ATTRIBUTES void FN(microkernel_gated)(int64_t kc, const REAL *restrict a,
                                                           const REAL *restrict b_gate,
                                                           const REAL *restrict b_up,
                                                           int64_t rows, int64_t cols,

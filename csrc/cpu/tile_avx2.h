@@ -17,6 +17,36 @@
  * weight lines in L1, ran 1.00-1.01x the time (scripts/simd_ab.py). */
 #define GATED_MR 6
 #define GATED_NR FMLP_SIMD_WIDTH
+/* The float unit's packed micro-kernels stay out of line (microkernel_simd.h).
+ * Inlined into gemm.h's block loops, the K loop's register allocation moves
+ * with any change to those loops: a choose_blocks with one more argument put
+ * the loop counter on the stack (an add to memory and a reload every two K
+ * steps; perf annotate) and cost 5-7% in every linear product, even those
+ * whose blocks it left alone (simd_ab.py). Out of line the loop keeps all in
+ * registers; against the inlined loop as it was (bound compared in memory):
+ * linear 1024 x (768 -> 3072, 3072 -> 768, 1024 -> 4096) and the ksweep
+ * products 0.98-0.99x the time, study MLP 0.99, GeGLU level (its kernel was
+ * already out of line). The AVX-512 unit's 32 registers leave its loop
+ * clean; out of line it ran level (linear 0.99-1.01) or slower (study MLP
+ * 1.02-1.03), so it stays inlined. bfloat16's AVX2 unit was not measured.
+ *
+ * With weights packed ahead, the float unit's input block takes half the L2
+ * and the weight block a quarter (gemm.h: a quarter and half elsewhere): at
+ * kc 384-512 a quarter held 252-336 rows, under the row block's 504 (4096
+ * rows as for two threads), so each weight block came from L3 twice. One
+ * thread, medians of 9 alternating rounds, load ~2.6 (simd_ab.py, both
+ * builds out of line), time against the old shares: 4096 x (768, 1024,
+ * 3072) -> 3072 GELU 0.973, 0.977, 0.944, study MLP 0.978, GeGLU at 4096
+ * tokens 1.007, just-in-time products unchanged (0.99-1.00). The AVX-512
+ * unit (kc 256: a quarter holds 512 rows already) ran level or slower
+ * (0.99-1.02), and keeps them. Row blocks of 2 a thread rather than 4 (the
+ * study MLP's 240 rows to 504) gained a little more there (0.970) but were
+ * left: fewer blocks balance a thread slowed by another process worse. */
+#if STORE_IS_REAL
+#define FMLP_PACKED_KERNELS_OUT_OF_LINE 1
+#define GEMM_INPUT_L2_SHARE 2
+#define GEMM_AHEAD_WEIGHT_L2_SHARE 4
+#endif
 /* gate and up run K in one block up to GEMM_KC (the 6-row input panel in
  * half the L1, GATED_ONE_BLOCK_L1_SHARE's default: 1024 in 48 KiB); whole K
  * past it, 1536 and 2048 with the panel in the whole L1, took 1.02-1.03x the
@@ -37,6 +67,15 @@
  * the down projection changed nothing beyond the noise (timed in pairs, 512
  * ran 0.93-0.94x the time of 1024: now GEMM_LINEAR_KC). MKL's AVX2 sgemm
  * (MKL_ENABLE_INSTRUCTIONS=AVX2, same process, same shapes) took 0.80-0.92x
- * our packed products' time. */
+ * our packed products' time. Issue 18's sweep had the cases with K >= 1024
+ * (study_mlp, gated_1024, large_gemm) at 61-64% of the peak and those with
+ * K = 768 at 83-84%; K was not it: one thread, the ksweep products (rows x K
+ * -> 3072 GELU, K 768 / 1024 / 3072) ran 105-116 GFLOP/s at every K and
+ * either row count, the whole cases 90-108 GFLOP/s a CPU-second alike
+ * (scripts/cpu_share.py, 2 threads). Their wall rate is the load's: on
+ * a machine shared with builds, those three read 1.04-1.23 CPU-seconds a
+ * second (one core's worth) while study_linear and study_gated, run in
+ * turn with them, read 1.81-1.91; idle, all five ran at 1.97-2.01, 203-216
+ * GFLOP/s, 79-84% of the 2-thread peak (258). */
 
 #endif /* FUSEDMLP_CPU_TILE_AVX2_H */
