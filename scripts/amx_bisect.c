@@ -107,8 +107,9 @@ static void tile_loop(const buffers *b, features f) {
           const uint32_t *const halves[2] = {slots, slots + AMX_ROWS};
           /* stored as the micro-kernel does, once the next tile's first
            * operands are loading; no epilogue (pending.rows stays 0) */
-          FN(multiply_tiles)(k, FN(amx_input_at)(a, k, 0), halves, f.store_c ? &pending : NULL);
-          pending.in_tiles = f.store_c;
+          FN(multiply_tiles)(k, FN(amx_input_at)(a, k, 0), halves, f.store_c ? &pending : NULL,
+                             GEMM_MR);
+          pending.in_tiles = f.store_c ? pending.t : NULL;
         }
       }
     }

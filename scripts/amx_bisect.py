@@ -25,11 +25,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from c_build import CPU_DIR, ISAS, kernel_unit_sources  # noqa: E402
+from c_build import ISAS, kernel_unit_sources  # noqa: E402
+
 
 # the unit is compiled into the harness; the API and its dispatch (api.c, isa.c) are not needed
-SUPPORT = sorted(p for p in CPU_DIR.glob("*.c")
-                 if p not in kernel_unit_sources() and p.name not in ("api.c", "isa.c"))
+def support_sources(cpu_dir: Path) -> list[Path]:
+    units = {p.name for p in kernel_unit_sources()}
+    return sorted(p for p in cpu_dir.glob("*.c") if p.name not in units | {"api.c", "isa.c"})
+
+
+def build(harness: Path, binary: Path, root: Path = ROOT) -> None:
+    """Compiles scripts/HARNESS with the AMX unit of the source tree at root (this checkout's, or
+    another's to build a base to compare with)."""
+    cpu_dir = root / "csrc" / "cpu"
+    subprocess.run(["gcc", "-std=c11", "-O3", "-fno-math-errno",
+                    *ISAS["avx512_amx"].compile_flags,
+                    *shlex.split(os.environ.get("FMLP_EXTRA_CFLAGS", "")),
+                    f"-I{root / 'csrc' / 'include'}", f"-I{cpu_dir}", f"-I{ROOT / 'scripts'}",
+                    str(harness), *map(str, support_sources(cpu_dir)),
+                    "-lm", "-lpthread", "-o", str(binary)], check=True)
 
 
 def main() -> None:
@@ -37,12 +51,7 @@ def main() -> None:
         sys.exit("this CPU (or its OS) has no AMX")
     with tempfile.TemporaryDirectory() as scratch:
         binary = Path(scratch) / "amx_bisect"
-        subprocess.run(["gcc", "-std=c11", "-O3", "-fno-math-errno",
-                        *ISAS["avx512_amx"].compile_flags,
-                        *shlex.split(os.environ.get("FMLP_EXTRA_CFLAGS", "")),
-                        f"-I{ROOT / 'csrc' / 'include'}", f"-I{CPU_DIR}", f"-I{ROOT / 'scripts'}",
-                        str(ROOT / "scripts" / "amx_bisect.c"), *map(str, SUPPORT),
-                        "-lm", "-lpthread", "-o", str(binary)], check=True)
+        build(ROOT / "scripts" / "amx_bisect.c", binary)
         subprocess.run([str(binary), *sys.argv[1:]], check=True)
 
 

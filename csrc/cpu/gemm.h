@@ -597,7 +597,6 @@ typedef struct {
 static void FN(gated_tile)(const void *context, void *state, const REAL *a_panel,
                            int64_t a_row_stride, int64_t row, int64_t col, int64_t pc,
                            int64_t kc, int64_t rows, int64_t cols) {
-  (void)state; /* the gated micro-kernels carry nothing from tile to tile */
   const FN(gated_tiles) *t = context;
   const int64_t k = t->gate_w->k;
   const REAL *gate_panel = FN(weight_panel)(t->gate_w, t->blocks, 0, col, pc);
@@ -619,6 +618,7 @@ static void FN(gated_tile)(const void *context, void *state, const REAL *a_panel
           .last_k_block = pc + kc >= k,
           .save_gate_up = t->save_gate_up,
           .a_row_stride = a_row_stride,
+          .state = state,
       };
       FMLP_MICROKERNEL_GATED(kc, a_panel + i0, gate_panel + j0, up_panel + j0, part_rows,
                              cols - j0 < GATED_NR ? cols - j0 : GATED_NR, &ep);

@@ -376,33 +376,79 @@ static FMLP_ALWAYS_INLINE void FN(bias_vectors)(const STORE *bias, int nv, int64
  * 15-25 alternating runs, loaded machine; gemm_rows over 1024 rows, one
  * thread, best 3 of 10-12: 1024 -> 4096 GELU(tanh) 9.7-9.9 ms against
  * 10.5, 768 -> 3072 6.0 against 6.4, 3072 -> 768 without activation 5.3-5.5
- * against 5.3-5.4). The gated tile keeps its epilogue in place: deferred
- * alike, it ran 2% slower (3.83-3.85 us against 3.74-3.75 for gate and up
- * 1024 -> 32 columns, the 32 x 16 tile); in the 32 x 32 tile, gate's
- * bias, pre-activation and activation run between up's products (4 rows
- * at a time, as here) measured level: 512 rows x 768 -> 3072 GELU(tanh)
- * 6.1-6.7 ms against 6.1-6.6, 1024 -> 4096 GELU 10.9-12.8 against
- * 10.6-10.9 (C harness as in the header). gemm.h's tile
- * loop keeps one on its stack (FMLP_MICROKERNEL_STATE) from
- * FMLP_MICROKERNEL_BEGIN to END and hands it to every tile (the epilogue's
- * `state`). */
+ * against 5.3-5.4). The gated tile is deferred alike since its C tiles
+ * are (see microkernel_gated_amx); before that, deferring its epilogue ran
+ * 2% slower (3.83-3.85 us against 3.74-3.75 for gate and up 1024 -> 32
+ * columns, the 32 x 16 tile), and in the 32 x 32 tile gate's bias,
+ * pre-activation and activation between up's products (4 rows at a time)
+ * measured level (512 rows x 768 -> 3072 GELU(tanh) 6.1-6.7 ms against
+ * 6.1-6.6, 1024 -> 4096 GELU 10.9-12.8 against 10.6-10.9; C harness as in
+ * the header). gemm.h's tile loop keeps one on its stack
+ * (FMLP_MICROKERNEL_STATE) from FMLP_MICROKERNEL_BEGIN to END and hands it
+ * to every tile (the epilogue's `state`). */
 typedef struct {
-  _Alignas(64) REAL t[GEMM_MR][GEMM_NR];
-  int64_t rows, cols; /* rows 0: none pending */
-  int in_tiles;       /* its C tiles are still in the tile registers, not in t */
+  _Alignas(64) REAL t[GEMM_MR][GEMM_NR]; /* the linear tile's C tiles; the gated one's up */
+  _Alignas(64) REAL gate[2][GATED_MR][GATED_NR]; /* the gated tiles' gate: the pending
+                                                    one's (gate_buffer) and the next's */
+  int gate_buffer;
+  int64_t rows, cols;            /* rows 0: none pending */
+  int64_t done;                  /* its rows finished */
+  REAL (*in_tiles)[GEMM_NR];     /* where the C tiles still in the tile registers go
+                                    (t or gate), or NULL */
+  int gated;                     /* the epilogue is gated_ep's, else ep's */
   STORE *c;
   int64_t ldc;
   FN(tile_epilogue) ep;
+  FN(gated_tile_epilogue) gated_ep;
 } FN(pending_tile);
 
 /* Rows one call of finish_rows takes: EPILOGUE_VECTORS vectors. */
 enum { GROUP_ROWS = EPILOGUE_VECTORS / GEMM_NV };
 
+/* Rows [i0, i0 + group) of the pending gated tile (see finish_group): the
+ * biases, gate and up saved (save_gate_up), act(gate) * up formed in float
+ * and rounded once at its store. */
+static FMLP_ALWAYS_INLINE void FN(finish_gated_group)(const FN(pending_tile) *p, int64_t i0,
+                                                      int group) {
+  const FN(gated_tile_epilogue) *ep = &p->gated_ep;
+  const int64_t here = p->rows - i0 < group ? p->rows - i0 : group;
+  vreal gate_start[GEMM_NV], up_start[GEMM_NV];
+  FN(bias_vectors)(ep->bias_gate, GEMM_NV, p->cols, gate_start);
+  FN(bias_vectors)(ep->bias_up, GEMM_NV, p->cols, up_start);
+  vreal g[GROUP_ROWS][GEMM_NV], u[GROUP_ROWS][GEMM_NV];
+  for (int i = 0; i < group; ++i) {
+    for (int v = 0; v < GEMM_NV; ++v) {
+      g[i][v] = v_add(v_load(&p->gate[p->gate_buffer][i0 + i][v * FMLP_SIMD_WIDTH]),
+                      gate_start[v]);
+      u[i][v] = v_add(v_load(&p->t[i0 + i][v * FMLP_SIMD_WIDTH]), up_start[v]);
+    }
+  }
+  for (int i = 0; i < group; ++i) {
+    if (i < here && ep->save_gate_up) {
+      FN(store_row_bf16)(ep->gate + (i0 + i) * ep->gate_up_stride, g[i], GEMM_NV, p->cols);
+      FN(store_row_bf16)(ep->up + (i0 + i) * ep->gate_up_stride, u[i], GEMM_NV, p->cols);
+    }
+  }
+  FN(activate_vectors)(&g[0][0], group * GEMM_NV, ep->activation);
+  for (int i = 0; i < group; ++i) {
+    vreal product[GEMM_NV];
+    for (int v = 0; v < GEMM_NV; ++v) product[v] = v_mul(g[i][v], u[i][v]);
+    if (i < here) {
+      FN(store_row_bf16)(ep->product + (i0 + i) * ep->product_stride, product, GEMM_NV,
+                         p->cols);
+    }
+  }
+}
+
 /* Rows [i0, i0 + group) of the pending tile (group at most GROUP_ROWS, a
  * constant where inlined): bias, pre-activation, activation and the
- * rounding store. */
+ * rounding store (the gated tile's: finish_gated_group). */
 static FMLP_ALWAYS_INLINE void FN(finish_group)(const FN(pending_tile) *p, int64_t i0,
                                                 int group) {
+  if (p->gated) {
+    FN(finish_gated_group)(p, i0, group);
+    return;
+  }
   const FN(tile_epilogue) *ep = &p->ep;
   const int64_t here = p->rows - i0 < group ? p->rows - i0 : group;
   STORE *c = p->c + i0 * p->ldc;
@@ -480,36 +526,45 @@ static FMLP_ALWAYS_INLINE int64_t FN(finish_rows_to)(const FN(pending_tile) *p, 
   return i0;
 }
 
-/* The pending tile's C tiles (pending NULL: none) into t, where they are
- * still in the tile registers. */
+/* The C tiles still in the tile registers (pending NULL or in_tiles NULL:
+ * none) to where in_tiles says. */
 static FMLP_ALWAYS_INLINE void FN(store_pending)(FN(pending_tile) *p) {
-  if (p == NULL || !p->in_tiles) return;
+  if (p == NULL || p->in_tiles == NULL) return;
+  REAL (*to)[GEMM_NR] = p->in_tiles;
   const int64_t t_stride = GEMM_NR * (int64_t)sizeof(REAL);
-  _tile_stored(TILE_C00, &p->t[0][0], t_stride);
-  _tile_stored(TILE_C01, &p->t[0][AMX_ROWS], t_stride);
-  _tile_stored(TILE_C10, &p->t[AMX_ROWS][0], t_stride);
-  _tile_stored(TILE_C11, &p->t[AMX_ROWS][AMX_ROWS], t_stride);
-  p->in_tiles = 0;
+  _tile_stored(TILE_C00, &to[0][0], t_stride);
+  _tile_stored(TILE_C01, &to[0][AMX_ROWS], t_stride);
+  _tile_stored(TILE_C10, &to[AMX_ROWS][0], t_stride);
+  _tile_stored(TILE_C11, &to[AMX_ROWS][AMX_ROWS], t_stride);
+  p->in_tiles = NULL;
   TILE_READS_MEMORY(); /* the epilogue's vector loads read what the tiles stored */
 }
 
-/* The pending tile's rows from i0 on; nothing is pending after. */
-static void FN(finish_pending)(FN(pending_tile) *p, int64_t i0) {
-  for (; i0 < p->rows; i0 += GROUP_ROWS) FN(finish_rows)(p, i0);
+/* The pending tile's rows from p->done up to `until`; from its last rows on
+ * (until at least rows) nothing is pending after. */
+static void FN(finish_pending)(FN(pending_tile) *p, int64_t until) {
+  if (until < p->rows) {
+    p->done = FN(finish_rows_to)(p, p->done, until);
+    return;
+  }
+  for (int64_t i0 = p->done; i0 < p->rows; i0 += GROUP_ROWS) FN(finish_rows)(p, i0);
   p->rows = 0;
+  p->done = 0;
 }
 
 /* FMLP_MICROKERNEL_BEGIN: no tile pending yet, and the tile configuration. */
 static void FN(begin_tiles)(void *state) {
   ((FN(pending_tile) *)state)->rows = 0;
-  ((FN(pending_tile) *)state)->in_tiles = 0;
+  ((FN(pending_tile) *)state)->done = 0;
+  ((FN(pending_tile) *)state)->gate_buffer = 0;
+  ((FN(pending_tile) *)state)->in_tiles = NULL;
   FN(configure_tiles)();
 }
 
 /* FMLP_MICROKERNEL_END: the last tile's epilogue, then the tiles released. */
 static void FN(finish_tiles)(void *state) {
   FN(store_pending)(state);
-  FN(finish_pending)(state, 0);
+  FN(finish_pending)(state, GEMM_MR);
   _tile_release();
 }
 
@@ -532,20 +587,22 @@ static FMLP_ALWAYS_INLINE void FN(load_step)(FN(amx_input) a, const uint32_t *co
  * 8-byte stores, a store-forwarding stall on a quarter of the micro-kernel's
  * samples (65536 x (64 -> 128 -> 128 -> 64) ReLU 14.8-14.9 ms against
  * 16.0: C harness, one thread's CPU time, medians of 21 alternating runs,
- * loaded machine). The pending tile's epilogue (pending NULL: none, the
- * gated tile) is stored from the C tiles once the first step's A and B
- * tiles are loading, then runs its rows spread over the whole 32s of K
- * (finish_rows_to), and is done by the time the C tiles are. */
+ * loaded machine). The C tiles still in the tile registers (pending NULL:
+ * none) are stored once the first step's A and B tiles are loading; the
+ * pending tile's rows up to `until` then run spread over the whole 32s of
+ * K (finish_rows_to), done by the time the C tiles are. */
 static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
                                                   const uint32_t *const b[2],
-                                                  FN(pending_tile) *pending) {
+                                                  FN(pending_tile) *pending, int64_t until) {
   const int64_t whole = kc / AMX_K;
-  /* the pending tile's rows spread over the whole 32s of K, as evenly as
-   * whole rows a step go, at most a group a step (the rest after them) */
-  const int64_t pending_rows = pending != NULL ? pending->rows : 0;
-  const int64_t spread = whole > 0 ? (pending_rows + whole - 1) / whole : 0;
+  /* the pending tile's rows up to `until` spread over the whole 32s of K,
+   * as evenly as whole rows a step go, at most a group a step (the rest
+   * after them) */
+  const int64_t first = pending != NULL ? pending->done : 0;
+  const int64_t last = pending == NULL ? 0 : until < pending->rows ? until : pending->rows;
+  const int64_t spread = whole > 0 && last > first ? (last - first + whole - 1) / whole : 0;
   const int64_t rows_a_step = spread < GROUP_ROWS ? spread : GROUP_ROWS;
-  int64_t next_row = 0;
+  int64_t next_row = first;
   TILE_READS_MEMORY(); /* the packs, which the caller may have just written */
   if (whole > 0) FN(load_step)(a, b, 0);
   FN(store_pending)(pending);
@@ -559,12 +616,15 @@ static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
     _tile_dpbf16ps(TILE_C01, TILE_A0, TILE_B1);
     _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
     _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
-    if (next_row < pending_rows) {
+    if (next_row < last) {
       const int64_t due = next_row + rows_a_step;
-      next_row = FN(finish_rows_to)(pending, next_row, due < pending_rows ? due : pending_rows);
+      next_row = FN(finish_rows_to)(pending, next_row, due < last ? due : last);
     }
   }
-  if (pending != NULL) FN(finish_pending)(pending, next_row);
+  if (pending != NULL) {
+    pending->done = next_row;
+    FN(finish_pending)(pending, until);
+  }
   const int64_t tail = kc - whole * AMX_K;
   if (tail == 0) return;
   const uint32_t *b_tail[2] = {b[0] + whole * AMX_ROWS * GEMM_NR,
@@ -592,8 +652,9 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
   const uint32_t *b_slots = (const uint32_t *)b;
   const uint32_t *const halves[2] = {b_slots, b_slots + AMX_ROWS};
   FN(pending_tile) *p = ep->state;
-  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), halves, p);
-  p->in_tiles = 1;
+  FN(multiply_tiles)(kc, FN(amx_input_at)(a, kc, ep->a_row_stride), halves, p, GEMM_MR);
+  p->in_tiles = p->t;
+  p->gated = 0;
   p->rows = rows;
   p->cols = cols;
   p->c = c;
@@ -612,53 +673,46 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
  * quiet moments, 16.0-16.5 against 17.1-17.5 under load, 1024 -> 4096 GELU
  * 12.7 against 13.3 (C harness as in the header, same outputs; 512 -> 2048
  * ReLU level). act(gate) * up is formed in float and rounded once at its
- * store. */
+ * store (finish_gated_group).
+ *
+ * The tile loop does not drain between gate and up nor between tiles, as in
+ * the linear tile (pending_tile): gate's C tiles are stored (into the gate
+ * buffer the pending tile does not read) once up's first A and B tiles are
+ * loading, up's once the next tile's gate's are, and the epilogue runs half
+ * its rows between the next tile's gate products, half between its up
+ * products. Both C tiles stored at the end of their own products, the
+ * epilogue after them: gemm_gated_rows of 512 rows (scripts/amx_gated.py,
+ * one thread's CPU time, min of 20 rounds, 3 processes of each build
+ * alternating, loaded machine, outputs bit-identical), ms: 768 -> 3072
+ * GELU(tanh) 4.7-5.1 against 6.2-6.5, 1024 -> 4096 GELU 8.3-9.0 against
+ * 10.3-11.2; the epilogue all between the next tile's gate products 5.3-5.4
+ * and 9.0. With gate and up saved (3 rows stored a row, not 1) the spread
+ * epilogue ran 5-15% slower than the base (1024 -> 4096 GELU 13.1-15.4
+ * against 12.2-12.9), so that tile runs its epilogue at the end of its own
+ * call, after its C tiles (gate's still stored behind up's first loads):
+ * level with the base. */
 static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
                                       const REAL *restrict b_gate, const REAL *restrict b_up,
                                       int64_t rows, int64_t cols,
                                       const FN(gated_tile_epilogue) *ep) {
-  _Alignas(64) REAL gate[GATED_MR][GATED_NR], up[GATED_MR][GATED_NR];
   const uint32_t *gate_slots = (const uint32_t *)b_gate, *up_slots = (const uint32_t *)b_up;
   const uint32_t *const gate_halves[2] = {gate_slots, gate_slots + AMX_ROWS};
   const uint32_t *const up_halves[2] = {up_slots, up_slots + AMX_ROWS};
   const FN(amx_input) input = FN(amx_input_at)(a, kc, ep->a_row_stride);
-  const int64_t t_stride = GATED_NR * (int64_t)sizeof(REAL);
-  FN(multiply_tiles)(kc, input, gate_halves, NULL);
-  _tile_stored(TILE_C00, &gate[0][0], t_stride);
-  _tile_stored(TILE_C01, &gate[0][AMX_ROWS], t_stride);
-  _tile_stored(TILE_C10, &gate[AMX_ROWS][0], t_stride);
-  _tile_stored(TILE_C11, &gate[AMX_ROWS][AMX_ROWS], t_stride);
-  FN(multiply_tiles)(kc, input, up_halves, NULL);
-  _tile_stored(TILE_C00, &up[0][0], t_stride);
-  _tile_stored(TILE_C01, &up[0][AMX_ROWS], t_stride);
-  _tile_stored(TILE_C10, &up[AMX_ROWS][0], t_stride);
-  _tile_stored(TILE_C11, &up[AMX_ROWS][AMX_ROWS], t_stride);
-  vreal gate_start[GEMM_NV], up_start[GEMM_NV];
-  FN(bias_vectors)(ep->bias_gate, GEMM_NV, cols, gate_start);
-  FN(bias_vectors)(ep->bias_up, GEMM_NV, cols, up_start);
-  for (int64_t i0 = 0; i0 < rows; i0 += GROUP_ROWS) {
-    const int64_t here = rows - i0 < GROUP_ROWS ? rows - i0 : GROUP_ROWS;
-    vreal g[GROUP_ROWS][GEMM_NV], u[GROUP_ROWS][GEMM_NV];
-    for (int i = 0; i < GROUP_ROWS; ++i) {
-      for (int v = 0; v < GEMM_NV; ++v) {
-        g[i][v] = v_add(v_load(&gate[i0 + i][v * FMLP_SIMD_WIDTH]), gate_start[v]);
-        u[i][v] = v_add(v_load(&up[i0 + i][v * FMLP_SIMD_WIDTH]), up_start[v]);
-      }
-    }
-    for (int i = 0; i < GROUP_ROWS; ++i) {
-      if (i < here && ep->save_gate_up) {
-        FN(store_row_bf16)(ep->gate + (i0 + i) * ep->gate_up_stride, g[i], GEMM_NV, cols);
-        FN(store_row_bf16)(ep->up + (i0 + i) * ep->gate_up_stride, u[i], GEMM_NV, cols);
-      }
-    }
-    FN(activate_vectors)(&g[0][0], EPILOGUE_VECTORS, ep->activation);
-    for (int i = 0; i < GROUP_ROWS; ++i) {
-      vreal product[GEMM_NV];
-      for (int v = 0; v < GEMM_NV; ++v) product[v] = v_mul(g[i][v], u[i][v]);
-      if (i < here) {
-        FN(store_row_bf16)(ep->product + (i0 + i) * ep->product_stride, product, GEMM_NV, cols);
-      }
-    }
+  FN(pending_tile) *p = ep->state;
+  const int next = !p->gate_buffer;
+  FN(multiply_tiles)(kc, input, gate_halves, p, p->rows / 2);
+  p->in_tiles = p->gate[next];
+  FN(multiply_tiles)(kc, input, up_halves, p, GATED_MR);
+  p->in_tiles = p->t;
+  p->gated = 1;
+  p->gate_buffer = next;
+  p->rows = rows;
+  p->cols = cols;
+  p->gated_ep = *ep;
+  if (ep->save_gate_up) {
+    FN(store_pending)(p);
+    FN(finish_pending)(p, GATED_MR);
   }
 }
 

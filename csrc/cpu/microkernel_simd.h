@@ -525,6 +525,7 @@ typedef struct {
   fmlp_activation activation;
   int first_k_block, last_k_block, save_gate_up;
   int64_t a_row_stride; /* as in tile_epilogue */
+  void *state;          /* as in tile_epilogue */
 } FN(gated_tile_epilogue);
 
 static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GATED_NV],
