@@ -78,7 +78,7 @@ typedef struct {
 /* The op's loops (for_each_tile's) with the features f; no tile read in place. */
 static void tile_loop(const buffers *b, features f) {
   const int64_t rows = b->s.rows, k = b->s.k, n = b->s.n;
-  const FN(blocks) bl = FN(choose_blocks)(k, 1);
+  const FN(blocks) bl = FN(choose_blocks)(k, 1, 0);
   FN(pending_tile) pending;
   FN(begin_tiles)(&pending);
   for (int64_t ic = 0; ic < rows; ic += bl.mc) {
@@ -274,7 +274,7 @@ int main(int argc, char **argv) {
       b.out_padded == NULL || b.compact == NULL) {
     return 1;
   }
-  const FN(blocks) bl = FN(choose_blocks)(s.k, 1);
+  const FN(blocks) bl = FN(choose_blocks)(s.k, 1, 0);
   FN(pack_input_block)(b.x, bl.mc < s.rows ? bl.mc : s.rows, 0, s.k, 0, b.fixed_a);
   printf("%lld x %lld -> %lld, one thread; mc %lld nc %lld kc %lld; %d rounds\n",
          (long long)s.rows, (long long)s.k, (long long)s.n, (long long)bl.mc, (long long)bl.nc,
