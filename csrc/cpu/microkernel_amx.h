@@ -518,7 +518,13 @@ static void FN(finish_row)(const FN(pending_tile) *p, int64_t i0) { FN(finish_gr
  * -> 4096 GELU 3.31-3.46). A short K (up to 8 steps) keeps a group a
  * step, the rest after the products, as before: alone, larger groups run
  * faster (see finish_group); 4096 x 128 -> 512 ReLU still ran 2-3% slower
- * at the min (medians level), 64 -> 128 level. */
+ * at the min (medians level), 64 -> 128 level. The rows go evenly over the
+ * steps (multiply_tiles: 768 -> 3072's 32 rows over 24 steps 1 or 2 a
+ * step, the gated tile's 16 over 32 one every other step), not a whole
+ * number a step then none: 768 -> 3072 bias and GELU 1.95-2.01 against
+ * 1.99-2.11 (amx_bisect, min of 12 rounds, 3 processes each alternating),
+ * the gated tile's 1024 -> 4096 GELU 8.37-8.50 against 9.01-9.31
+ * (amx_gated, as in microkernel_gated_amx). */
 static FMLP_ALWAYS_INLINE int64_t FN(finish_rows_to)(const FN(pending_tile) *p, int64_t i0,
                                                     int64_t due) {
   for (; due - i0 >= GROUP_ROWS; i0 += GROUP_ROWS) FN(finish_rows)(p, i0);
@@ -595,13 +601,11 @@ static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
                                                   const uint32_t *const b[2],
                                                   FN(pending_tile) *pending, int64_t until) {
   const int64_t whole = kc / AMX_K;
-  /* the pending tile's rows up to `until` spread over the whole 32s of K,
-   * as evenly as whole rows a step go, at most a group a step (the rest
-   * after them) */
+  /* the pending tile's rows [first, last) spread evenly over the whole 32s
+   * of K (by step q, the first (q + 1) / whole of them, rounded up), at
+   * most a group a step (the rest after them) */
   const int64_t first = pending != NULL ? pending->done : 0;
   const int64_t last = pending == NULL ? 0 : until < pending->rows ? until : pending->rows;
-  const int64_t spread = whole > 0 && last > first ? (last - first + whole - 1) / whole : 0;
-  const int64_t rows_a_step = spread < GROUP_ROWS ? spread : GROUP_ROWS;
   int64_t next_row = first;
   TILE_READS_MEMORY(); /* the packs, which the caller may have just written */
   if (whole > 0) FN(load_step)(a, b, 0);
@@ -617,8 +621,9 @@ static FMLP_ALWAYS_INLINE void FN(multiply_tiles)(int64_t kc, FN(amx_input) a,
     _tile_dpbf16ps(TILE_C10, TILE_A1, TILE_B0);
     _tile_dpbf16ps(TILE_C11, TILE_A1, TILE_B1);
     if (next_row < last) {
-      const int64_t due = next_row + rows_a_step;
-      next_row = FN(finish_rows_to)(pending, next_row, due < last ? due : last);
+      const int64_t even = first + ((q + 1) * (last - first) + whole - 1) / whole;
+      next_row = FN(finish_rows_to)(pending, next_row,
+                                    even < next_row + GROUP_ROWS ? even : next_row + GROUP_ROWS);
     }
   }
   if (pending != NULL) {
@@ -685,8 +690,9 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
  * one thread's CPU time, min of 20 rounds, 3 processes of each build
  * alternating, loaded machine, outputs bit-identical), ms: 768 -> 3072
  * GELU(tanh) 4.7-5.1 against 6.2-6.5, 1024 -> 4096 GELU 8.3-9.0 against
- * 10.3-11.2; the epilogue all between the next tile's gate products 5.3-5.4
- * and 9.0. With gate and up saved (3 rows stored a row, not 1) the spread
+ * 10.3-11.2 (before the even spread of finish_rows_to); the epilogue all
+ * between the next tile's gate products 5.3-5.4 and 9.0, all between its up
+ * products 5.6-6.0 and 9.9-10.4. With gate and up saved (3 rows stored a row, not 1) the spread
  * epilogue ran 5-15% slower than the base (1024 -> 4096 GELU 13.1-15.4
  * against 12.2-12.9), so that tile runs its epilogue at the end of its own
  * call, after its C tiles (gate's still stored behind up's first loads):
@@ -701,7 +707,7 @@ static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
   const FN(amx_input) input = FN(amx_input_at)(a, kc, ep->a_row_stride);
   FN(pending_tile) *p = ep->state;
   const int next = !p->gate_buffer;
-  FN(multiply_tiles)(kc, input, gate_halves, p, p->rows / 2);
+    FN(multiply_tiles)(kc, input, gate_halves, p, p->rows / 2);
   p->in_tiles = p->gate[next];
   FN(multiply_tiles)(kc, input, up_halves, p, GATED_MR);
   p->in_tiles = p->t;
