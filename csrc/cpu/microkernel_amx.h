@@ -694,7 +694,8 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
  * between the next tile's gate products 5.3-5.4 and 9.0, all between its up
  * products 5.6-6.0 and 9.9-10.4. With gate and up saved (3 rows stored a row, not 1) the spread
  * epilogue ran 5-15% slower than the base (1024 -> 4096 GELU 13.1-15.4
- * against 12.2-12.9), so that tile runs its epilogue at the end of its own
+ * against 12.2-12.9; evenly spread, 14.4-15.0 against 12.9-13.8 at the
+ * end of its call), so that tile runs its epilogue at the end of its own
  * call, after its C tiles (gate's still stored behind up's first loads):
  * level with the base. */
 static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
