@@ -690,14 +690,15 @@ static void FN(microkernel_amx)(int64_t kc, const REAL *restrict a, const REAL *
  * one thread's CPU time, min of 20 rounds, 3 processes of each build
  * alternating, loaded machine, outputs bit-identical), ms: 768 -> 3072
  * GELU(tanh) 4.7-5.1 against 6.2-6.5, 1024 -> 4096 GELU 8.3-9.0 against
- * 10.3-11.2 (before the even spread of finish_rows_to); the epilogue all
- * between the next tile's gate products 5.3-5.4 and 9.0, all between its up
- * products 5.6-6.0 and 9.9-10.4. With gate and up saved (3 rows stored a row, not 1) the spread
- * epilogue ran 5-15% slower than the base (1024 -> 4096 GELU 13.1-15.4
- * against 12.2-12.9; evenly spread, 14.4-15.0 against 12.9-13.8 at the
- * end of its call), so that tile runs its epilogue at the end of its own
- * call, after its C tiles (gate's still stored behind up's first loads):
- * level with the base. */
+ * 10.3-11.2 (before the even spread of finish_rows_to; with it 4.5-5.1
+ * against 6.3-6.7 and 7.6-8.6 against 10.8-11.1); the epilogue all between
+ * the next tile's gate products 5.3-5.4 and 9.0, all between its up
+ * products 5.6-6.0 and 9.9-10.4. With gate and up saved (3 rows stored a
+ * row, not 1) the spread epilogue ran 5-15% slower than the base (1024 ->
+ * 4096 GELU 13.1-15.4 against 12.2-12.9; evenly spread, 14.4-15.0 against
+ * 12.9-13.8 at the end of its call), so that tile runs its epilogue at the
+ * end of its own call, after its C tiles (gate's still stored behind up's
+ * first loads): 11.8-12.6 against the base's 12.5-13.7. */
 static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
                                       const REAL *restrict b_gate, const REAL *restrict b_up,
                                       int64_t rows, int64_t cols,
