@@ -326,8 +326,8 @@ int main(int argc, char **argv) {
       FN(pack_weight)((fmlp_input){wd, HIDDEN, 1}, DIM, HIDDEN, packed, NULL, NULL, &b.down)) {
     return 1;
   }
-  const FN(blocks) gated_blocks = FN(choose_blocks)(DIM, 2);
-  const FN(blocks) down_blocks = FN(choose_blocks)(HIDDEN, 1);
+  const FN(blocks) gated_blocks = FN(choose_blocks)(DIM, 2, 0);
+  const FN(blocks) down_blocks = FN(choose_blocks)(HIDDEN, 1, 0);
   printf("blocks: gated kc %lld mc %lld nc %lld; down kc %lld mc %lld nc %lld\n",
          (long long)gated_blocks.kc, (long long)gated_blocks.mc, (long long)gated_blocks.nc,
          (long long)down_blocks.kc, (long long)down_blocks.mc, (long long)down_blocks.nc);

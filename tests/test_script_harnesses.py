@@ -1,0 +1,44 @@
+"""The C timing harnesses under scripts/ compile against the kernels as they are. They include
+the kernel units' internals (block sizes, micro-kernels, packing), which change without them: a
+new argument to one internal routine once left two harnesses broken until someone ran them.
+Compiled only (-fsyntax-only, so the CPU need not have the instruction set): running them is
+timing, done on demand."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+
+import pytest
+from c_build import CPU_DIR, ISAS, ROOT, VECTOR_256_FLAGS
+
+SCRIPTS = ROOT / "scripts"
+
+# harness, the registry level whose flags it is compiled with (None: no ISA flags), and the
+# defines its driver script passes
+HARNESSES = [
+    ("simd_ab.c", None, ("-DISA=avx2",)),
+    ("simd_ab.c", None, ("-DISA=avx512",)),
+    ("simd_efficiency.c", "avx2", ('-DFMLP_UNIT_SOURCE="kernels_f32_avx2.c"',)),
+    ("simd_efficiency.c", "avx512", ('-DFMLP_UNIT_SOURCE="kernels_f32_avx512.c"',)),
+    ("amx_bisect.c", "avx512_amx", ()),
+    ("amx_gated.c", "avx512_amx", ()),
+    ("vector_proxy.c", None, VECTOR_256_FLAGS["portable"]),
+]
+
+pytestmark = pytest.mark.skipif(
+    platform.machine() != "x86_64" or shutil.which("gcc") is None,
+    reason="the harnesses are x86-64 timing programs built with gcc",
+)
+
+
+@pytest.mark.parametrize(("harness", "isa", "defines"), HARNESSES,
+                         ids=[f"{h}-{isa or d[0]}" for h, isa, d in HARNESSES])
+def test_harness_compiles(harness: str, isa: str | None, defines: tuple[str, ...]) -> None:
+    flags = ISAS[isa].compile_flags if isa is not None else ()
+    command = ["gcc", "-std=c11", "-fsyntax-only", "-Werror=implicit-function-declaration",
+               *flags, *defines, f"-I{ROOT / 'csrc' / 'include'}", f"-I{CPU_DIR}",
+               f"-I{SCRIPTS}", str(SCRIPTS / harness)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, f"scripts/{harness} no longer compiles:\n{result.stderr}"
