@@ -16,7 +16,13 @@ import torch
 from fusedmlp.bench import cli
 from fusedmlp.bench.cases import CASES
 from fusedmlp.bench.emulate import EMULATIONS, child_command, environment_matches
-from fusedmlp.bench.peak import SAMPLE_SECONDS, measure_peak_gflops, peak_loop
+from fusedmlp.bench.peak import (
+    SAMPLE_SECONDS,
+    START_REPS,
+    START_SECONDS,
+    peak_loop,
+    peak_sampler,
+)
 from fusedmlp.registry import cpu_isas
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,7 +157,8 @@ def test_the_portable_float32_peak_is_sse2_multiply_then_add() -> None:
     loop = peak_loop(torch.float32, "portable")
     assert loop is not None and loop.kind == "fp32 SSE2 mul+add"
     assert peak_loop(torch.float64, "portable") is None
-    gflops = measure_peak_gflops(loop, threads=1)
+    with peak_sampler(loop, threads=1) as sample:
+        gflops = sample(START_SECONDS, START_REPS) if sample else None
     assert gflops is not None and gflops > 0
 
 

@@ -17,10 +17,11 @@ GEMM-bound cases also report fused's GFLOP/s as a fraction of this machine's pea
 dtype, timed by a small C loop (peak.py: fp32 FMA; SSE2 multiply and add for float32 at the
 portable level on x86-64; for bfloat16 what the level in use multiplies on: AMX tiles at
 avx512_amx, the AVX512-BF16 dot product at avx512_bf16) on as many threads as torch uses, in
-50 ms samples taken just before and after fused's timings in every round: the fraction is
-against the median of the case's samples, which ran under the load fused's timings did (on a
-shared machine a peak from minutes earlier made the fraction swing with the load). The header
-gives the peak measured once at the start, on a machine at rest the samples' ceiling.
+50 ms samples taken just before and just after fused's timings in every round. The fraction is
+against the median of the case's six samples (its "peak GFLOP/s" column), which ran under the
+load fused's timings did: on a shared machine a peak from minutes earlier made the fraction
+swing with the load. The header gives the peak measured once at the start (the best of three
+windows) for reference; on an idle machine the samples read about the same.
 --emulate-cpu avx2 runs the sweep as an AVX2-only CPU would (emulate.py): our kernels and
 torch's (MKL, oneDNN, ATen) limited to AVX2, in a child process, against the AVX2 FMA peak.
 --weight-cache MIB sets FUSEDMLP_WEIGHT_CACHE_MB for the run: fused's inference calls then read

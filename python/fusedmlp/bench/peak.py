@@ -228,9 +228,9 @@ SAMPLE_SECONDS = 0.05  # a load-matched sample, taken beside a case's timings
 
 
 class PeakSampler:
-    """A compiled peak loop: each call runs it on `threads` threads and returns their summed
-    GFLOP/s, the best of `reps` windows of `seconds` each (one window: the rate the load left
-    it over that time); None if the run fails."""
+    """A compiled peak loop: each call runs it on `threads` threads for `seconds` and returns
+    their GFLOP/s (all their work over the time from the first's start to the last's end), the
+    best of `reps` such runs; one run is the rate the load left it. None if the run fails."""
 
     def __init__(self, binary: Path, threads: int) -> None:
         self.binary, self.threads = binary, threads
@@ -261,9 +261,3 @@ def peak_sampler(loop: PeakLoop | None, threads: int) -> Iterator[PeakSampler | 
         built = subprocess.run(build, capture_output=True).returncode == 0
         yield PeakSampler(binary, threads) if built else None
 
-
-def measure_peak_gflops(loop: PeakLoop, threads: int) -> float | None:
-    """GFLOP/s of `loop` summed over `threads` threads, the best of START_REPS windows; None
-    where it cannot be measured."""
-    with peak_sampler(loop, threads) as sample:
-        return sample(START_SECONDS, START_REPS) if sample else None
