@@ -13,15 +13,16 @@ sync, medians; the variants take turns in rounds so that drifting machine load b
 them), prints a table of medians and of fused's time over each other variant's, and each
 variant's memory above its inputs and weights (the peak of one inference forward, and what a
 forward with autograd saves for backward), and writes bench.json and bench.png into --out.
-GEMM-bound cases also report fused's GFLOP/s as a fraction of this machine's peak for the
-dtype, timed by a small C loop (peak.py: fp32 FMA; SSE2 multiply and add for float32 at the
-portable level on x86-64; for bfloat16 what the level in use multiplies on: AMX tiles at
-avx512_amx, the AVX512-BF16 dot product at avx512_bf16) on as many threads as torch uses, in
-50 ms samples taken just before and just after fused's timings in every round. The fraction is
-against the median of the case's six samples (its "peak GFLOP/s" column), which ran under the
-load fused's timings did: on a shared machine a peak from minutes earlier made the fraction
-swing with the load. The header gives the peak measured once at the start (the best of three
-windows) for reference; on an idle machine the samples read about the same.
+GEMM-bound cases also report fused's GFLOP/s as a fraction of this machine's peak for the dtype,
+timed by a small C loop (peak.py: fp32 FMA; SSE2 multiply and add for float32 at the portable
+level on x86-64; for bfloat16 what the level in use multiplies on: AMX tiles at avx512_amx, the
+AVX512-BF16 dot product at avx512_bf16) on as many threads as torch uses, in samples taken just
+before and just after fused's timings in every round (each a 50 ms window after a 50 ms lead-in,
+peak.py). The fraction is against the median of the case's six samples (its "peak GFLOP/s"
+column), which ran under the load fused's timings did: on a shared machine a peak from minutes
+earlier made the fraction swing with the load. The header gives the peak measured once at the
+start (the best of three windows) for reference; on an idle machine the samples read about the
+same.
 --emulate-cpu avx2 runs the sweep as an AVX2-only CPU would (emulate.py): our kernels and
 torch's (MKL, oneDNN, ATen) limited to AVX2, in a child process, against the AVX2 FMA peak.
 --weight-cache MIB sets FUSEDMLP_WEIGHT_CACHE_MB for the run: fused's inference calls then read
