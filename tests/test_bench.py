@@ -13,9 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from fusedmlp.bench import cli
 from fusedmlp.bench.cases import CASES
 from fusedmlp.bench.emulate import EMULATIONS, child_command, environment_matches
-from fusedmlp.bench.peak import measure_peak_gflops, peak_loop
+from fusedmlp.bench.peak import (
+    SAMPLE_SECONDS,
+    START_REPS,
+    START_SECONDS,
+    peak_loop,
+    peak_sampler,
+)
 from fusedmlp.registry import cpu_isas
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +58,10 @@ def test_quick_sweep_writes_every_case(tmp_path: Path) -> None:
     assert fused["inference_peak_bytes"] < eager["inference_peak_bytes"]
     assert document["machine"]["cpu_isa"] in {isa.name for isa in cpu_isas() if isa.supported}
     assert document["machine"]["peak_kind"] in {"fp32 FMA", None}
+    for case, spec in zip(document["cases"], CASES):  # peak samples beside fused's timings
+        sampled = spec.gemm_bound and document["machine"]["peak_kind"] is not None
+        assert len(case["peak_samples_gflops"]) == (2 * cli.ROUNDS if sampled else 0)
+        assert (case["peak_gflops"] is not None) == sampled
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "peak fwd MiB e/c/f" in result.stdout
     for case in CASES:  # the table names every case, and progress went to stderr
@@ -100,8 +111,41 @@ def test_bfloat16_gemm_cases_report_the_fraction_of_the_bf16_peak(tmp_path: Path
     loop = peak_loop(torch.bfloat16, machine["cpu_isa"])
     assert machine["peak_kind"] == (loop.kind if loop else None)
     if loop is not None:
-        fraction = case["gflops"]["fused"] / machine["peak_gflops"]
+        fraction = case["gflops"]["fused"] / case["peak_gflops"]
         assert case["fused_peak_fraction"] == pytest.approx(fraction)
+        assert machine["start_peak_gflops"] > 0
+
+
+def test_gemm_cases_sample_the_peak_beside_fused_and_take_the_median(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each round samples the peak loop just before and after fused's timings, and the case's
+    fraction is against the median of its samples; the timings and samples are stubbed, so
+    nothing here is timed."""
+    events: list[str] = []
+    samples = iter([40.0, 10.0, 30.0, 20.0, 60.0, 50.0])
+
+    def timed_runs(fn: object, min_run_time: float) -> list[float]:
+        events.append("timed")
+        return [0.001]
+
+    def sample_peak(seconds: float) -> float:
+        assert 0 < seconds <= SAMPLE_SECONDS
+        events.append("peak")
+        return next(samples)
+
+    monkeypatch.setattr(cli, "timed_runs", timed_runs)
+    args = cli.parse_args(["--quick", "--no-compile"])
+    by_name = {case.name: case for case in CASES}
+    result = cli.run_case(by_name["large_gemm"], args, 1, 2, sample_peak)
+    assert events == ["timed", "peak", "timed", "peak"] * cli.ROUNDS  # eager, then fused
+    assert result.peak_samples_gflops == [40.0, 10.0, 30.0, 20.0, 60.0, 50.0]
+    assert result.peak_gflops == 35.0
+    fused_gflops = result.flops / 0.001 / 1e9
+    assert result.to_json()["fused_peak_fraction"] == pytest.approx(fused_gflops / 35.0)
+    events.clear()
+    small = cli.run_case(by_name["small_batch"], args, 2, 2, sample_peak)
+    assert events == ["timed", "timed"] * cli.ROUNDS and small.peak_gflops is None
 
 
 @pytest.mark.skipif(
@@ -113,7 +157,8 @@ def test_the_portable_float32_peak_is_sse2_multiply_then_add() -> None:
     loop = peak_loop(torch.float32, "portable")
     assert loop is not None and loop.kind == "fp32 SSE2 mul+add"
     assert peak_loop(torch.float64, "portable") is None
-    gflops = measure_peak_gflops(loop, threads=1)
+    with peak_sampler(loop, threads=1) as sample:
+        gflops = sample(START_SECONDS, START_REPS) if sample else None
     assert gflops is not None and gflops > 0
 
 

@@ -1,5 +1,5 @@
 """The bench's table and its peak loops, without timing anything: results made up here, the
-kernel registry and the CPU feature mocked; the loops themselves run once each, short."""
+kernel registry and the CPU feature mocked; the loops themselves run once or twice each, short."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from fusedmlp.registry import CpuIsa, cpu_isas
 AVX512_FLAGS = ("-mavx512f", "-mfma")
 
 
-def result(name: str, train: bool, seconds: dict[str, float]) -> CaseResult:
+def result(name: str, train: bool, seconds: dict[str, float], peak_gflops: float | None = 10.0,
+           gemm_bound: bool = True) -> CaseResult:
     memory = {v: {"inference_peak_bytes": 2 << 20, "saved_for_backward_bytes": 1 << 20}
               for v in seconds if v != "compile-max"}
     if "compile-max" in seconds:
         memory["compile-max"] = {"inference_peak_bytes": 3 << 20}
-    return CaseResult(name, name, 4, [8, 8], 2_000_000_000, gemm_bound=True, train=train,
-                      median_s=seconds, memory=memory)
+    return CaseResult(name, name, 4, [8, 8], 2_000_000_000, gemm_bound=gemm_bound, train=train,
+                      median_s=seconds, memory=memory, peak_gflops=peak_gflops)
 
 
 def rows(table: str) -> dict[str, list[str]]:
@@ -32,23 +33,39 @@ def test_compile_max_column_and_its_ratio_with_a_dash_for_training_cases() -> No
     inference = result("infer", False, {"eager": 1.0, "compile": 0.8, "compile-max": 0.4,
                                          "fused": 0.5})
     train = result("train", True, {"eager": 1.0, "compile": 0.5, "fused": 0.25})
-    table = rows(format_table([inference, train], peak_gflops=10.0))
+    table = rows(format_table([inference, train]))
     assert table["case"] == ["case", "eager", "ms", "compile", "ms", "compile-max", "ms", "fused",
                              "ms", "fused/eager", "fused/compile", "fused/compile-max", "fused",
-                             "GFLOP/s", "%", "peak", "peak", "fwd", "MiB", "e/c/m/f", "saved",
-                             "bwd", "MiB", "e/c/f"]
+                             "GFLOP/s", "peak", "GFLOP/s", "%", "peak", "peak", "fwd", "MiB",
+                             "e/c/m/f", "saved", "bwd", "MiB", "e/c/f"]
     assert table["infer"][1:8] == ["1000.000", "800.000", "400.000", "500.000", "0.50x",
                                    "0.62x", "1.25x"]
-    assert table["infer"][8:] == ["4.0", "40%", "2.00/2.00/3.00/2.00", "1.00/1.00/1.00"]
+    assert table["infer"][8:] == ["4.0", "10.0", "40%", "2.00/2.00/3.00/2.00", "1.00/1.00/1.00"]
     assert table["train"][1:8] == ["1000.000", "500.000", "\u2014", "250.000", "0.25x", "0.50x",
                                    "\u2014"]
-    assert table["train"][10] == "2.00/2.00/\u2014/2.00"
+    assert table["train"][11] == "2.00/2.00/\u2014/2.00"
 
 
 def test_without_compile_max_its_columns_are_gone() -> None:
-    table = format_table([result("infer", False, {"eager": 1.0, "fused": 0.5})], None)
+    table = format_table([result("infer", False, {"eager": 1.0, "fused": 0.5})])
     assert "compile" not in table and "e/f" in table
     assert rows(table)["infer"][1:4] == ["1000.000", "500.000", "0.50x"]
+
+
+def test_each_case_is_a_fraction_of_its_own_peak_sample() -> None:
+    """The peak sampled beside a case's timings (CaseResult.peak_gflops), not one for the run:
+    the same speed reads 40% of a peak of 10 GFLOP/s and 80% of one of 5; cases that are not
+    GEMM-bound, or whose samples failed, show none."""
+    seconds = {"eager": 1.0, "fused": 0.5}  # fused: 4 GFLOP/s
+    cases = [result("quiet", False, seconds), result("loaded", False, seconds, peak_gflops=5.0),
+             result("failed", False, seconds, peak_gflops=None),
+             result("small", False, seconds, gemm_bound=False)]
+    table = rows(format_table(cases))
+    assert table["quiet"][4:7] == ["4.0", "10.0", "40%"]
+    assert table["loaded"][4:7] == ["4.0", "5.0", "80%"]
+    assert table["failed"][4:7] == ["4.0", "-", "-"]
+    assert table["small"][4:7] == ["4.0", "-", "-"]
+    assert [c.to_json()["fused_peak_fraction"] for c in cases] == [0.4, 0.8, None, None]
 
 
 def registry(*extra: CpuIsa) -> tuple[CpuIsa, ...]:
@@ -100,5 +117,14 @@ def test_peak_loops_build_and_run_on_this_cpu(dtype: torch.dtype, isa: str) -> N
     loop = peak.peak_loop(dtype, isa)
     if loop is None:
         pytest.skip(f"no {dtype} peak loop for ISA {isa}")
-    gflops = peak.measure_peak_gflops(loop, threads=1)
-    assert gflops is not None and gflops > 1.0
+    with peak.peak_sampler(loop, threads=1) as sample:
+        assert sample is not None
+        gflops = sample(peak.START_SECONDS, peak.START_REPS)  # the start-of-run peak
+        assert gflops is not None and gflops > 1.0
+        gflops = sample(0.001)  # one short window, as beside a case (a loaded one reads low)
+        assert gflops is not None and gflops > 0
+
+
+def test_no_loop_no_sampler() -> None:
+    with peak.peak_sampler(None, threads=1) as sample:
+        assert sample is None

@@ -13,10 +13,16 @@ sync, medians; the variants take turns in rounds so that drifting machine load b
 them), prints a table of medians and of fused's time over each other variant's, and each
 variant's memory above its inputs and weights (the peak of one inference forward, and what a
 forward with autograd saves for backward), and writes bench.json and bench.png into --out.
-GEMM-bound cases also report GFLOP/s as a fraction of this machine's peak for the dtype,
-measured at the start by a small C loop (peak.py: fp32 FMA; SSE2 multiply and add for float32
-at the portable level on x86-64; for bfloat16 what the level in use multiplies on: AMX tiles at
-avx512_amx, the AVX512-BF16 dot product at avx512_bf16) on as many threads as torch uses.
+GEMM-bound cases also report fused's GFLOP/s as a fraction of this machine's peak for the dtype,
+timed by a small C loop (peak.py: fp32 FMA; SSE2 multiply and add for float32 at the portable
+level on x86-64; for bfloat16 what the level in use multiplies on: AMX tiles at avx512_amx, the
+AVX512-BF16 dot product at avx512_bf16) on as many threads as torch uses, in samples taken just
+before and just after fused's timings in every round (each a 50 ms window after a 50 ms lead-in,
+peak.py). The fraction is against the median of the case's six samples (its "peak GFLOP/s"
+column), which ran under the load fused's timings did: on a shared machine a peak from minutes
+earlier made the fraction swing with the load. The header gives the peak measured once at the
+start (the best of three windows) for reference; on an idle machine the samples read about the
+same.
 --emulate-cpu avx2 runs the sweep as an AVX2-only CPU would (emulate.py): our kernels and
 torch's (MKL, oneDNN, ATen) limited to AVX2, in a child process, against the AVX2 FMA peak.
 --weight-cache MIB sets FUSEDMLP_WEIGHT_CACHE_MB for the run: fused's inference calls then read
@@ -57,7 +63,15 @@ from fusedmlp.bench.emulate import (
     describe,
     environment_matches,
 )
-from fusedmlp.bench.peak import measure_peak_gflops, peak_loop
+from fusedmlp.bench.peak import (
+    SAMPLE_SECONDS,
+    START_REPS,
+    START_SECONDS,
+    PeakLoop,
+    PeakSampler,
+    peak_loop,
+    peak_sampler,
+)
 from fusedmlp.bench.report import VARIANTS, CaseResult, format_table, write_json, write_plot
 from fusedmlp.registry import DEVICE_DTYPES
 from fusedmlp.tools.memory import forward_memory, measure_call
@@ -162,7 +176,10 @@ def variant_calls(case: Case, modules: dict[str, Callable[[torch.Tensor], torch.
     return calls
 
 
-def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> CaseResult:
+def run_case(case: Case, args: argparse.Namespace, index: int, total: int,
+             sample_peak: Callable[[float], float | None] | None) -> CaseResult:
+    """Times the case's variants in turns; GEMM-bound cases also sample the peak loop
+    (`sample_peak(seconds)`, GFLOP/s) just before and after fused's timings in each round."""
     rows, sizes = case.shape(args.quick)
     dtype = DTYPES[args.dtype]
     x = make_input(rows, sizes, args.device, dtype)
@@ -178,6 +195,8 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
     min_run_time = args.min_run_time or (0.05 if args.quick else 1.0)
     variants = [v for v in VARIANTS if v in calls]
     runs: dict[str, list[float]] = {v: [] for v in variants}
+    sample_seconds = min(SAMPLE_SECONDS, min_run_time / ROUNDS)  # --quick: shorter
+    peaks: list[float | None] = []
     for variant in variants:
         started = time.perf_counter()
         print(f"[{index}/{total}] {case.name}: {variant} warm-up ...", end="", file=sys.stderr,
@@ -188,11 +207,22 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
         print(f" {result.warmup_s[variant]:.1f} s", file=sys.stderr, flush=True)
     for round_index in range(ROUNDS):
         for variant in variants:
+            beside = case.gemm_bound and variant == "fused" and sample_peak is not None
+            if beside:
+                peaks.append(sample_peak(sample_seconds))
             runs[variant] += timed_runs(calls[variant], min_run_time / ROUNDS)
+            if beside:
+                peaks.append(sample_peak(sample_seconds))
         medians = ", ".join(f"{v} {statistics.median(runs[v]) * 1e3:.3f} ms" for v in variants)
+        if peaks:
+            shown = ", ".join("-" if p is None else f"{p:.0f}" for p in peaks[-2:])
+            medians += f"; peak samples {shown} GFLOP/s"
         print(f"[{index}/{total}] {case.name}: round {round_index + 1}/{ROUNDS}: {medians}",
               file=sys.stderr, flush=True)
     result.median_s = {v: statistics.median(runs[v]) for v in variants}
+    result.peak_samples_gflops = [p for p in peaks if p is not None]
+    if result.peak_samples_gflops:
+        result.peak_gflops = statistics.median(result.peak_samples_gflops)
     device = torch.device(args.device)
     for variant in variants:
         if variant == COMPILE_MAX:
@@ -207,8 +237,17 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int) -> Ca
     return result
 
 
-def machine_description(args: argparse.Namespace) -> dict:
-    isa = _C.cpu_isa(args.dtype if args.device == "cpu" else "float32")
+def cpu_isa(args: argparse.Namespace) -> str:
+    return _C.cpu_isa(args.dtype if args.device == "cpu" else "float32")
+
+
+def bench_peak_loop(args: argparse.Namespace) -> PeakLoop | None:
+    return peak_loop(DTYPES[args.dtype], cpu_isa(args)) if args.device == "cpu" else None
+
+
+def machine_description(args: argparse.Namespace, loop: PeakLoop | None,
+                        sampler: PeakSampler | None) -> dict:
+    isa = cpu_isa(args)
     threads = torch.get_num_threads()
     description = {
         "device": args.device,
@@ -218,8 +257,10 @@ def machine_description(args: argparse.Namespace) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "cpu_isa": isa,
         "threads": threads,
-        "peak_gflops": None,
-        "peak_kind": None,  # what peak_gflops times: peak.PeakLoop.kind
+        # the peak loop's GFLOP/s at the start, for reference: each GEMM-bound case's fraction
+        # is against the peak sampled beside its timings (its peak_gflops)
+        "start_peak_gflops": None,
+        "peak_kind": None,  # what the peak loop times: peak.PeakLoop.kind
         "emulated_cpu": args.emulate_cpu,  # --emulate-cpu: torch limited to it too
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "weight_cache_mib": _C.weight_cache_info()["limit_bytes"] >> 20,
@@ -227,12 +268,11 @@ def machine_description(args: argparse.Namespace) -> dict:
     if args.device == "cuda":
         description["gpu"] = torch.cuda.get_device_name()
         return description
-    loop = peak_loop(DTYPES[args.dtype], isa)
-    if loop is not None:
+    if loop is not None and sampler is not None:
         print(f"measuring the {loop.kind} peak ({threads} threads) ...", file=sys.stderr,
               flush=True)
-        description["peak_gflops"] = measure_peak_gflops(loop, threads)
-        description["peak_kind"] = loop.kind if description["peak_gflops"] else None
+        description["start_peak_gflops"] = sampler(START_SECONDS, START_REPS)
+        description["peak_kind"] = loop.kind if description["start_peak_gflops"] else None
     return description
 
 
@@ -260,20 +300,24 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["FUSEDMLP_WEIGHT_CACHE_MB"] = str(args.weight_cache)
     cases = select_cases(args.cases)
     started = time.perf_counter()
-    machine = machine_description(args)
-    results = [run_case(case, args, i + 1, len(cases)) for i, case in enumerate(cases)]
+    loop = bench_peak_loop(args)
+    with peak_sampler(loop, torch.get_num_threads()) as sampler:
+        machine = machine_description(args, loop, sampler)
+        results = [run_case(case, args, i + 1, len(cases), sampler)
+                   for i, case in enumerate(cases)]
     print(f"bench took {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    peak = machine["peak_gflops"]
+    peak = machine["start_peak_gflops"]
     print()
     print(f"fusedmlp bench: {args.device} {args.dtype}, ISA {machine['cpu_isa']}, "
-          f"{machine['threads']} threads, torch {machine['torch']}, measured "
-          + (f"{machine['peak_kind']} peak {peak:.1f} GFLOP/s" if peak else "peak n/a"))
+          f"{machine['threads']} threads, torch {machine['torch']}, "
+          + (f"{machine['peak_kind']} peak {peak:.1f} GFLOP/s at the start (% peak: of the "
+             "peak sampled beside each case)" if peak else "peak n/a"))
     if args.emulate_cpu is not None:
         print(describe(EMULATIONS[args.emulate_cpu]))
     if machine["weight_cache_mib"]:
         print(f"fused's inference calls read their weights packed once "
               f"(FUSEDMLP_WEIGHT_CACHE_MB={machine['weight_cache_mib']})")
-    print(format_table(results, peak))
+    print(format_table(results))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "bench.json", machine, results)
     title = f"fusedmlp vs eager / torch.compile / compile-max ({args.device}, {args.dtype})"

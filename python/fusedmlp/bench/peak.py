@@ -1,18 +1,24 @@
-"""The machine's peak throughput for the benchmarked dtype, measured: a tiny C loop of
-independent multiply-add chains (the physical limit for a CPU GEMM), compiled at bench time and
-run on as many threads as torch uses. float32 times fp32 FMAs with the flags of the instruction
-set the kernels use (from the kernel registry), or at the portable level on x86-64 SSE2's
-multiply then add (that unit's vectors: x86-64's baseline has no FMA); bfloat16 times what its
-kernels multiply on at that level: AMX tiles at avx512_amx (tdpbf16ps: 16 x 16 x 32 products x
-2 flops), the AVX512-BF16 dot product at avx512_bf16 (vdpbf16ps: 16 lanes x 2 products x 2
-flops), else the float32 loop of the level, which bf16 kernels then run on."""
+"""The machine's peak throughput for the benchmarked dtype, measured: a tiny C loop of independent
+multiply-add chains (the physical limit for a CPU GEMM), compiled once per bench run and run on
+as many threads as torch uses: at the start (the best of three windows) and beside each GEMM-
+bound case's timings (single windows, which get the CPU share the case got, so that a case's
+fraction of the peak does not move with the shared machine's load); every window follows a 50 ms
+lead-in, so that the loop's threads, new each time, are timed at their steady share. float32
+times fp32 FMAs with the flags of the instruction set the kernels use (from the kernel
+registry), or at the portable level on x86-64 SSE2's multiply then add (that unit's vectors:
+x86-64's baseline has no FMA); bfloat16 times what its kernels multiply on at that level: AMX
+tiles at avx512_amx (tdpbf16ps: 16 x 16 x 32 products x 2 flops), the AVX512-BF16 dot product at
+avx512_bf16 (vdpbf16ps: 16 lanes x 2 products x 2 flops), else the float32 loop of the level,
+which bf16 kernels then run on."""
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,6 +29,7 @@ from fusedmlp.registry import cpu_isas
 PEAK_SOURCE = r"""
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -62,9 +69,51 @@ static double now(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 #if defined(PEAK_AMX)
+#define CHUNK 1024
+#define FLOPS_PER_ITERATION (4.0 * 16 * 16 * 32 * 2)
+#else
+#define CHUNK 16384
+#define FLOPS_PER_ITERATION (12.0 * FLOPS_PER_STEP)
+#endif
+/* On the loaded machine a new process's threads get less than their steady share of the CPUs
+ * for their first ~100 ms (50 ms windows read ~100 GFLOP/s right away, ~122 after 30 ms of
+ * lead-in, ~135 after 100 ms, against ~150 from threads that had been running), while a case's
+ * threads time back-to-back calls. So every thread first leads in for LEAD_SECONDS and until
+ * all threads have, computing all along, and only then times its window. */
+#define LEAD_SECONDS 0.05
+struct team {
+  double seconds; /* each thread's timed window */
+  int threads;
+  atomic_int led_in; /* threads done leading in */
+};
+struct job {
+  struct team *team;
+  double lead_start, start, end; /* start: 0 while leading in */
+  int led_in;
+  long iterations; /* within the window */
+};
+/* Called after each chunk of CHUNK iterations (tens of microseconds): counts the chunk if it
+ * ran in the window; 0 when the window is over. */
+static int next_chunk(struct job *job) {
+  struct team *team = job->team;
+  double t = now();
+  if (job->start > 0) {
+    job->iterations += CHUNK;
+    job->end = t;
+    return t - job->start < team->seconds;
+  }
+  if (!job->led_in && t - job->lead_start >= LEAD_SECONDS) {
+    job->led_in = 1;
+    atomic_fetch_add(&team->led_in, 1);
+  }
+  if (job->led_in && atomic_load(&team->led_in) == team->threads) job->start = t;
+  return 1;
+}
+#if defined(PEAK_AMX)
 /* Four independent tile accumulations (2 A x 2 B tiles into 4 C tiles, the kernels' 2 x 2
  * blocking) without loads: the tile multiplier's own rate. */
-static void *run(void *result) {
+static void *run(void *arg) {
+  struct job *job = arg;
   struct {
     unsigned char palette, start_row, reserved[14];
     unsigned short colsb[16];
@@ -76,66 +125,76 @@ static void *run(void *result) {
   }
   __asm__ volatile("" ::: "memory"); /* GCC 12's _tile_loadconfig reads only 8 bytes, it says */
   _tile_loadconfig(&config);
-  const long iters = 2000000;
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    double t0 = now();
-    for (long n = 0; n < iters; ++n) {
+  job->lead_start = now();
+  do {
+    for (long n = 0; n < CHUNK; ++n) {
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(1, 4, 7);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
-    double gflops = iters * 4.0 * 16 * 16 * 32 * 2 / (now() - t0) / 1e9;
-    if (gflops > best) best = gflops;
-  }
+  } while (next_chunk(job));
   _tile_release();
-  *(double *)result = best;
   return NULL;
 }
 #else
 /* Twelve independent chains cover the latency on two pipes. */
-static void *run(void *result) {
-  const long iters = 20000000;
+static void *run(void *arg) {
+  struct job *job = arg;
   OPERANDS;
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    vec a0 = SET1(0), a1 = SET1(1), a2 = SET1(2), a3 = SET1(3), a4 = SET1(4), a5 = SET1(5);
-    vec a6 = SET1(6), a7 = SET1(7), a8 = SET1(8), a9 = SET1(9), a10 = SET1(10), a11 = SET1(11);
-    double t0 = now();
-    for (long n = 0; n < iters; ++n) {
+  vec a0 = SET1(0), a1 = SET1(1), a2 = SET1(2), a3 = SET1(3), a4 = SET1(4), a5 = SET1(5);
+  vec a6 = SET1(6), a7 = SET1(7), a8 = SET1(8), a9 = SET1(9), a10 = SET1(10), a11 = SET1(11);
+  job->lead_start = now();
+  do {
+    for (long n = 0; n < CHUNK; ++n) {
       __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3));
       a0 = STEP(a0); a1 = STEP(a1); a2 = STEP(a2); a3 = STEP(a3);
       a4 = STEP(a4); a5 = STEP(a5); a6 = STEP(a6); a7 = STEP(a7);
       a8 = STEP(a8); a9 = STEP(a9); a10 = STEP(a10); a11 = STEP(a11);
     }
-    double gflops = iters * 12.0 * FLOPS_PER_STEP / (now() - t0) / 1e9;
-    if (gflops > best) best = gflops;
-    vec sum = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
-    float lanes[sizeof(vec) / sizeof(float)];
-    __builtin_memcpy(lanes, &sum, sizeof lanes);
-    if (lanes[0] == 1.25f) best += 1e-9; /* keeps the chains alive */
-  }
-  *(double *)result = best;
+  } while (next_chunk(job));
+  vec sum = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
+  float lanes[sizeof(vec) / sizeof(float)];
+  __builtin_memcpy(lanes, &sum, sizeof lanes);
+  if (lanes[0] == 1.25f) job->iterations += 1; /* keeps the chains alive */
   return NULL;
 }
 #endif
+/* peak THREADS SECONDS REPS: the GFLOP/s of THREADS threads timed over a window of SECONDS
+ * each, as all their work in their windows over the time from the first window's start to the
+ * last's end (threads the load keeps from running side by side count as a parallel GEMM's
+ * would), the best of REPS such runs. */
 int main(int argc, char **argv) {
-  int threads = argc > 1 ? atoi(argv[1]) : 1;
+  if (argc != 4) return 2;
+  int threads = atoi(argv[1]);
+  double seconds = atof(argv[2]);
+  int reps = atoi(argv[3]);
+  if (threads < 1 || threads > 1024 || !(seconds > 0 && seconds < 60) || reps < 1 || reps > 100)
+    return 2;
 #if defined(PEAK_AMX)
   /* Linux grants the tile state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) */
   if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return 1;
 #endif
-  if (threads < 1 || threads > 1024) threads = 1;
   pthread_t ids[1024];
-  double results[1024];
-  for (int i = 0; i < threads; ++i) pthread_create(&ids[i], NULL, run, &results[i]);
-  double total = 0;
-  for (int i = 0; i < threads; ++i) {
-    pthread_join(ids[i], NULL);
-    total += results[i];
+  struct job jobs[1024];
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    struct team team = {seconds, threads, 0};
+    for (int i = 0; i < threads; ++i) {
+      jobs[i] = (struct job){.team = &team};
+      if (pthread_create(&ids[i], NULL, run, &jobs[i]) != 0) return 1;
+    }
+    double iterations = 0, start = 0, end = 0;
+    for (int i = 0; i < threads; ++i) {
+      pthread_join(ids[i], NULL);
+      iterations += jobs[i].iterations;
+      if (i == 0 || jobs[i].start < start) start = jobs[i].start;
+      if (jobs[i].end > end) end = jobs[i].end;
+    }
+    double gflops = iterations * FLOPS_PER_ITERATION / (end - start) / 1e9;
+    if (gflops > best) best = gflops;
   }
-  printf("%.3f\n", total);
+  printf("%.3f\n", best);
   return 0;
 }
 """
@@ -197,21 +256,41 @@ def peak_loop(dtype: torch.dtype, isa: str) -> PeakLoop | None:
     return (fma_loop(isa) or sse2_loop(isa)) if dtype == torch.float32 else None
 
 
-def measure_peak_gflops(loop: PeakLoop, threads: int) -> float | None:
-    """GFLOP/s of `loop` summed over `threads` threads; None where it cannot be measured
-    (no C compiler, a compiler without the loop's flags)."""
+START_SECONDS, START_REPS = 0.04, 3  # the start-of-run peak: the best of three 40 ms windows
+SAMPLE_SECONDS = 0.05  # a load-matched sample's window, taken beside a case's timings
+
+
+class PeakSampler:
+    """A compiled peak loop: each call runs it on `threads` threads for `seconds` and returns
+    their GFLOP/s (all their work over the time from the first's start to the last's end), the
+    best of `reps` such runs; one run is the rate the load left it. None if the run fails."""
+
+    def __init__(self, binary: Path, threads: int) -> None:
+        self.binary, self.threads = binary, threads
+
+    def __call__(self, seconds: float, reps: int = 1) -> float | None:
+        command = [str(self.binary), str(self.threads), f"{seconds:.6f}", str(reps)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        try:
+            return float(result.stdout.strip()) if result.returncode == 0 else None
+        except ValueError:
+            return None
+
+
+@contextlib.contextmanager
+def peak_sampler(loop: PeakLoop | None, threads: int) -> Iterator[PeakSampler | None]:
+    """`loop` compiled once, to be run as often as wanted until the context exits; None where
+    there is no loop or it cannot be built (no C compiler, a compiler without the loop's
+    flags)."""
     compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        return None
+    if loop is None or compiler is None:
+        yield None
+        return
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "peak.c", Path(tmp) / "peak"
         source.write_text(PEAK_SOURCE)
         build = [compiler, "-O2", *loop.compile_flags, *loop.defines, str(source),
                  "-o", str(binary), "-lpthread"]
-        if subprocess.run(build, capture_output=True).returncode != 0:
-            return None
-        result = subprocess.run([str(binary), str(threads)], capture_output=True, text=True)
-        try:
-            return float(result.stdout.strip())
-        except ValueError:
-            return None
+        built = subprocess.run(build, capture_output=True).returncode == 0
+        yield PeakSampler(binary, threads) if built else None
+
