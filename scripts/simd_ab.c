@@ -10,7 +10,8 @@
  * Cases: linear GELU at 512 rows (`linear`) and 1024 rows (`linear1024`;
  * both one row block, weights packed just in time), the study MLP at 2048
  * rows and the GeGLU block at 1024 tokens (row blocks cut as for two
- * threads, run one after another on this one), the GeGLU block at 256
+ * threads, run one after another on this one; `mlp_layers` adds the study
+ * MLP's three layers each alone, rows cut alike), the GeGLU block at 256
  * tokens, and (`gated4096`) at 4096 tokens, weights packed ahead. `ksweep`:
  * see k_sweep_cases. The training benches' float32 backwards on one thread:
  * `backward`, bench train_step's 256 x 512^3 and train_small's 16 x 256^3

@@ -33,7 +33,15 @@
  * of 5-9 alternating rounds, loaded machine): AVX-512 0.973-0.987x the
  * time over four runs, AVX2 0.973x. The GeGLU block at 4096 tokens (28 MiB)
  * ran 1.012x so, and keeps TASKS_PER_THREAD; 8 blocks of ~96 or 48 rows
- * ran the chain 1.075x and 1.14x, 2 of 1024 rows 1.08x. */
+ * ran the chain 1.075x and 1.14x, 2 of 1024 rows 1.08x. Why the chain runs
+ * ~12% below its three layers alone with the same blocks (`mlp_layers`:
+ * 146 against 172, 161 and 194 GFLOP/s) is not settled: perf (cpu-clock)
+ * puts 10% more micro-kernel samples a call in the chain and page zeroing
+ * (clear_page_erms, fresh packed weights and scratch) at 4.8% against 1.4%.
+ * Tried and dropped (same harness): the next weight block prefetched into
+ * the L2 a share per tile 1.04x (and the layers alone 1.03-1.06x), the
+ * chain run layer by layer through whole hidden buffers 1.017x, the input
+ * block's rows split evenly (no short last block) level. */
 #define CHAIN_TASKS_PER_THREAD 2
 #define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
 
