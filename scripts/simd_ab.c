@@ -10,7 +10,8 @@
  * Cases: linear GELU at 512 rows (`linear`) and 1024 rows (`linear1024`;
  * both one row block, weights packed just in time), the study MLP at 2048
  * rows and the GeGLU block at 1024 tokens (row blocks cut as for two
- * threads, run one after another on this one), the GeGLU block at 256
+ * threads, run one after another on this one; `mlp_layers` adds the study
+ * MLP's three layers each alone, rows cut alike), the GeGLU block at 256
  * tokens, and (`gated4096`) at 4096 tokens, weights packed ahead. `ksweep`:
  * see k_sweep_cases. The training benches' float32 backwards on one thread:
  * `backward`, bench train_step's 256 x 512^3 and train_small's 16 x 256^3
@@ -147,7 +148,7 @@ static void linear_cases(int rounds, int64_t rows) {
   }
 }
 
-static void mlp_case(int rounds) {
+static void mlp_case(int rounds, int layers) {
   const int64_t rows = 2048, widths[4] = {768, 3072, 3072, 768};
   fmlp_input weights[3];
   const void *biases[3];
@@ -164,6 +165,25 @@ static void mlp_case(int rounds) {
                           .y = filled(rows * widths[3], 4), .y_row_stride = widths[3]},
                 .threading = &AS_FOR_TWO};
   compare("study MLP 2048 x 768-3072-3072-768 GELU", &o, rounds, flops);
+  if (layers) {
+    /* each layer alone, its output to a buffer of its own, rows cut alike */
+    for (int l = 0; l < 3; ++l) {
+      op one = o;
+      one.chain.n_layers = 1;
+      one.chain.widths = widths + l;
+      one.chain.weights = weights + l;
+      one.chain.biases = biases + l;
+      one.chain.final_activation = l < 2 ? FMLP_ACT_GELU : FMLP_ACT_NONE;
+      one.chain.x = (fmlp_input){filled(rows * widths[l], 1), widths[l], 1};
+      one.chain.y = filled(rows * widths[l + 1], 4);
+      one.chain.y_row_stride = widths[l + 1];
+      char what[80];
+      snprintf(what, sizeof what, "  its layer %d alone (%lld -> %lld)", l,
+               (long long)widths[l], (long long)widths[l + 1]);
+      compare(what, &one, rounds, 2.0 * rows * widths[l] * widths[l + 1]);
+      free((void *)one.chain.x.data), free(one.chain.y);
+    }
+  }
   for (int l = 0; l < 3; ++l) free((void *)weights[l].data), free((void *)biases[l]);
   free((void *)o.chain.x.data), free(o.chain.y);
 }
@@ -299,7 +319,9 @@ int main(int argc, char **argv) {
   printf("one thread, %d rounds, B/A of the float32 %s unit\n", rounds, STRING(ISA));
   if (names(cases, "linear")) linear_cases(rounds, 512);
   if (names(cases, "linear1024")) linear_cases(rounds, 1024);
-  if (names(cases, "mlp")) mlp_case(rounds);
+  if (names(cases, "mlp") || names(cases, "mlp_layers")) {
+    mlp_case(rounds, names(cases, "mlp_layers"));
+  }
   static const int64_t one_block[] = {256, 1024}, row_blocks[] = {4096};
   if (names(cases, "gated")) gated_cases(rounds, one_block, 2);
   if (names(cases, "gated4096")) gated_cases(rounds, row_blocks, 1);

@@ -25,6 +25,27 @@
  * blocks, 184 ms in ~400-row ones. */
 #define ACTIVATION_BLOCK_BYTES ((int64_t)256 << 10)
 #define TASKS_PER_THREAD 4
+/* A chain whose weights are past the L2 re-reads them for each block: its
+ * blocks take at least CHAIN_LEAST_BLOCK_ROWS rows (where the threads' share
+ * has them). 2048 x (768 -> 3072 -> 3072 -> 768) GELU, 54 MiB of float32
+ * weights, 6 blocks of ~342 rows rather than 10 of ~205 for two threads (C
+ * harness, scripts/simd_ab.py `mlp_layers`, one thread's CPU time, the
+ * blocks run one after another, medians of 5-11 alternating rounds, loaded
+ * machine): AVX-512 0.973-0.987x the time over five runs, AVX2 0.973 and
+ * 0.979x; its 3072 -> 3072 layer alone 0.953 and 0.966x, 3072 -> 768 0.973
+ * and 1.005x, 768 -> 3072 level. 8 blocks of ~96 or 48 rows ran the chain
+ * 1.075x and 1.14x, 2 of 1024 rows 1.08x; at 4096 rows (480-row blocks)
+ * 1008-row ones ran single layers level (0.98-1.02x) and the GeGLU block
+ * 1.012x (it takes no least rows: unmeasured below 4096). Why the chain runs
+ * ~12% below its three layers alone with the same blocks (`mlp_layers`:
+ * 146 against 172, 161 and 194 GFLOP/s) is not settled: perf (cpu-clock)
+ * puts 10% more micro-kernel samples a call in the chain and page zeroing
+ * (clear_page_erms, fresh packed weights and scratch) at 4.8% against 1.4%.
+ * Tried and dropped (same harness): the next weight block prefetched into
+ * the L2 a share per tile 1.04x (and the layers alone 1.03-1.06x), the
+ * chain run layer by layer through whole hidden buffers 1.017x, the input
+ * block's rows split evenly (no short last block) level. */
+#define CHAIN_LEAST_BLOCK_ROWS ((int64_t)384)
 #define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
 
 /* Up to GEMM_JIT_MAX_ROWS rows (GEMM_JIT_LARGE_MAX_ROWS for an op of at
@@ -98,7 +119,7 @@ static int FN(packs_just_in_time)(int64_t rows, int64_t weight_elems) {
 }
 
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
-                                     int64_t activation_elems_per_row) {
+                                     int64_t activation_elems_per_row, int64_t least_rows) {
   const int64_t threads = n_threads > 0 ? n_threads : 1;
   /* Weights read in place (few rows) or packed just in time: one block
    * (the transposed kernel puts rows in vector lanes, and splitting them
@@ -110,8 +131,9 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
    * each block re-reads the weights, a few percent at these sizes. */
   const int64_t balanced = per_thread / TASKS_PER_THREAD / GEMM_MC * GEMM_MC;
   int64_t block = threads > 1 && balanced > GEMM_MC ? balanced : per_thread;
-  if (activation_elems_per_row > 0 &&
-      weight_elems * (int64_t)sizeof(REAL) <= fmlp_cpu_l2_bytes()) {
+  const int past_l2 = weight_elems * (int64_t)sizeof(REAL) > fmlp_cpu_l2_bytes();
+  if (past_l2 && block < least_rows) block = least_rows;
+  if (activation_elems_per_row > 0 && !past_l2) {
     const int64_t fit =
         ACTIVATION_BLOCK_BYTES / (activation_elems_per_row * (int64_t)sizeof(REAL));
     const int64_t aligned = fit / GEMM_MC * GEMM_MC;
@@ -230,12 +252,13 @@ typedef struct {
  * one thread 144 rows and the other 112 (measured 0.735 vs 0.697 ms for a
  * 512 -> 512 layer). */
 static void FN(partition_rows)(FN(row_blocks) *blocks, int64_t weight_elems,
-                               int64_t activation_elems_per_row,
+                               int64_t activation_elems_per_row, int64_t least_rows,
                                const fmlp_threading *threading) {
   const int64_t n_threads = threading != NULL ? threading->n_threads : 1;
   const int64_t rows = blocks->rows, tiles = (rows + GEMM_MR - 1) / GEMM_MR;
   const int64_t target_rows =
-      FN(choose_block_rows)(rows, n_threads, weight_elems, activation_elems_per_row);
+      FN(choose_block_rows)(rows, n_threads, weight_elems, activation_elems_per_row,
+                            least_rows);
   int64_t n = (rows + target_rows - 1) / target_rows;
   if (n > 1 && n_threads > 1) n = (n + n_threads - 1) / n_threads * n_threads;
   if (n > tiles) n = tiles;
@@ -588,7 +611,8 @@ static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_w
   }
   FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 2, .scratch_cols = max_hidden,
                            .run_block = FN(chain_block)};
-  FN(partition_rows)(&blocks, weight_elems, a->n_layers > 1 ? row_elems : 0, threading);
+  FN(partition_rows)(&blocks, weight_elems, a->n_layers > 1 ? row_elems : 0,
+                     CHAIN_LEAST_BLOCK_ROWS, threading);
   /* room for a few rows' hidden outputs in lanes layout, NR wide */
   if (blocks.scratch_rows < GEMM_NR) blocks.scratch_rows = GEMM_NR;
   FN(chain_job) job = {.args = a, .packed = packed, .scratch_rows = blocks.scratch_rows,
@@ -793,7 +817,8 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   if (status == FMLP_OK) {
     FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 3, .scratch_cols = a->hidden,
                              .run_block = FN(gated_block), .op = &job};
-    FN(partition_rows)(&blocks, weight_elems, a->dim + 3 * a->hidden + a->out_dim, threading);
+    FN(partition_rows)(&blocks, weight_elems, a->dim + 3 * a->hidden + a->out_dim, 0,
+                       threading);
     job.block_rows = blocks.block_rows;
     /* gate and up as one product of 2 weights or, without the gated
      * kernel (or with one weight read in place), one weight at a time */
