@@ -50,11 +50,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "kernels_bf16_avx512_amx.c"
 #include "harness.h"
+#include "amx_harness.h"
 
 /* the op's shape */
 typedef struct {
@@ -203,16 +202,6 @@ static void run_step(const buffers *b, int step) {
   }
 }
 
-/* n bfloat16 values of reproducible noise. */
-static STORE *filled_bf16(int64_t n, unsigned seed) {
-  float *f = filled(n, seed);
-  STORE *out = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
-  if (out == NULL) exit(1);
-  for (int64_t i = 0; i < n; ++i) out[i] = fmlp_float_to_bf16(f[i]);
-  free(f);
-  return out;
-}
-
 /* count REALs on pages of 2 MiB (huge != 0: aligned and advised) or 4 KiB
  * (advised against huge pages), touched once. */
 static REAL *paged(int64_t count, int huge) {
@@ -226,11 +215,6 @@ static REAL *paged(int64_t count, int huge) {
   return p;
 }
 
-static int compare_doubles(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 int main(int argc, char **argv) {
   const int rounds = argc > 1 ? atoi(argv[1]) : 20;
   const shape s = {argc > 2 ? atoll(argv[2]) : 512, argc > 3 ? atoll(argv[3]) : 1024,
@@ -242,10 +226,7 @@ int main(int argc, char **argv) {
             argv[0]);
     return 2;
   }
-  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
-    fprintf(stderr, "the OS does not grant the AMX tile state\n");
-    return 1;
-  }
+  request_amx_tiles();
   buffers b = {.s = s};
   b.x_data = filled_bf16(s.rows * s.k, 1);
   b.x = (fmlp_input){b.x_data, s.k, 1};
@@ -285,8 +266,7 @@ int main(int argc, char **argv) {
   const size_t out_bytes = (size_t)(s.rows * s.n) * sizeof(STORE);
   /* warm-up, every page touched; the op's output's hash, to compare builds by */
   for (int step = 0; step < STEPS; ++step) run_step(&b, step);
-  uint64_t hash = 1469598103934665603u; /* FNV-1a */
-  for (int64_t i = 0; i < s.rows * s.n; ++i) hash = (hash ^ b.out[i]) * 1099511628211u;
+  const uint64_t hash = hash_bf16(FNV_START, b.out, s.rows * s.n);
   printf("output hash %016llx\n", (unsigned long long)hash);
   for (int r = 0; r < rounds; ++r) {
     for (int step = 0; step < STEPS; ++step) {
@@ -300,7 +280,7 @@ int main(int argc, char **argv) {
   printf("%-12s %9s %9s %8s %8s\n", "step", "min ms", "med ms", "TFLOP/s", "ratio");
   for (int step = 0; step < STEPS; ++step) {
     double *t = times + step * rounds;
-    qsort(t, (size_t)rounds, sizeof(double), compare_doubles);
+    qsort(t, (size_t)rounds, sizeof(double), by_value);
     /* the bisection against the step before; the rest against gemm_rows,
      * the op against gemm_rows with its bias and GELU */
     const int prev = step <= STEP_GEMM_ROWS ? step - 1

@@ -10,11 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "kernels_bf16_avx512_amx.c"
 #include "harness.h"
+#include "amx_harness.h"
 
 typedef struct {
   int64_t k, h;
@@ -37,16 +36,6 @@ typedef struct {
   STORE *bias_gate, *bias_up, *gate, *up, *product;
   REAL *input_pack;
 } buffers;
-
-/* n bfloat16 values of reproducible noise. */
-static STORE *filled_bf16(int64_t n, unsigned seed) {
-  float *f = filled(n, seed);
-  STORE *out = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
-  if (out == NULL) exit(1);
-  for (int64_t i = 0; i < n; ++i) out[i] = fmlp_float_to_bf16(f[i]);
-  free(f);
-  return out;
-}
 
 static FN(packed_weight) packed(int64_t rows, int64_t n, int64_t k, unsigned seed) {
   const fmlp_input source = {filled_bf16(n * k, seed), k, 1};
@@ -77,16 +66,6 @@ static void run_case(const buffers *b, int64_t rows, gated_case c) {
                       b->input_pack, NULL);
 }
 
-static uint64_t hash_bf16(uint64_t hash, const STORE *v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) hash = (hash ^ v[i]) * 1099511628211u; /* FNV-1a */
-  return hash;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 int main(int argc, char **argv) {
   const int rounds = argc > 1 ? atoi(argv[1]) : 20;
   const int64_t rows = argc > 2 ? atoll(argv[2]) : 512;
@@ -94,15 +73,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s [ROUNDS [ROWS]] (ROWS > 64)\n", argv[0]);
     return 2;
   }
-  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
-    fprintf(stderr, "the OS does not grant the AMX tile state\n");
-    return 1;
-  }
+  request_amx_tiles();
   buffers b[CASES];
   for (int c = 0; c < CASES; ++c) b[c] = make_buffers(rows, cases[c]);
   for (int c = 0; c < CASES; ++c) {
     run_case(&b[c], rows, cases[c]); /* warm-up, every page touched */
-    uint64_t hash = hash_bf16(1469598103934665603u, b[c].product, rows * cases[c].h);
+    uint64_t hash = hash_bf16(FNV_START, b[c].product, rows * cases[c].h);
     if (cases[c].save_gate_up) {
       hash = hash_bf16(hash_bf16(hash, b[c].gate, rows * cases[c].h), b[c].up,
                        rows * cases[c].h);
@@ -120,7 +96,7 @@ int main(int argc, char **argv) {
   }
   for (int c = 0; c < CASES; ++c) {
     double *t = times + c * rounds;
-    qsort(t, (size_t)rounds, sizeof(double), compare_doubles);
+    qsort(t, (size_t)rounds, sizeof(double), by_value);
     printf("%-24s min %7.3f ms  med %7.3f ms\n", cases[c].name, t[0] * 1e3,
            t[rounds / 2] * 1e3);
   }

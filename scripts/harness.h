@@ -27,4 +27,10 @@ static float *filled(int64_t n, unsigned seed) {
   return p;
 }
 
+/* qsort's ascending order of doubles. */
+static int by_value(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
 #endif

@@ -99,11 +99,6 @@ static double seconds(const op *o, int build_b) {
   return cpu_now() - t0;
 }
 
-static int by_value(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static void compare(const char *what, const op *o, int rounds, double flops) {
   double ratio[MAX_ROUNDS], a[MAX_ROUNDS], b[MAX_ROUNDS];
   seconds(o, 0), seconds(o, 1); /* warm */
@@ -126,25 +121,32 @@ static void compare(const char *what, const op *o, int rounds, double flops) {
   fflush(stdout);
 }
 
+/* One layer, rows x k -> n GELU with a bias, its rows cut as `threading`
+ * says (NULL: one block). */
+static void linear_case(int rounds, int64_t rows, int64_t k, int64_t n,
+                        const fmlp_threading *threading) {
+  const int64_t widths[2] = {k, n};
+  const fmlp_input weight = {filled(n * k, 2), k, 1};
+  const void *bias[1] = {filled(n, 3)};
+  const op o = {.kind = CHAIN,
+                .chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 1, .widths = widths,
+                          .x = {filled(rows * k, 1), k, 1}, .weights = &weight,
+                          .biases = bias, .hidden_activation = FMLP_ACT_GELU,
+                          .final_activation = FMLP_ACT_GELU, .y = filled(rows * n, 4),
+                          .y_row_stride = n},
+                .threading = threading};
+  char what[80];
+  snprintf(what, sizeof what, "linear %lld x %lld -> %lld GELU", (long long)rows, (long long)k,
+           (long long)n);
+  compare(what, &o, rounds, 2.0 * rows * k * n);
+  free((void *)weight.data), free((void *)bias[0]), free((void *)o.chain.x.data);
+  free(o.chain.y);
+}
+
 static void linear_cases(int rounds, int64_t rows) {
   static const int64_t shapes[][2] = {{768, 3072}, {3072, 768}, {1024, 4096}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
-    const int64_t k = shapes[s][0], n = shapes[s][1];
-    const int64_t widths[2] = {k, n};
-    const fmlp_input weight = {filled(n * k, 2), k, 1};
-    const void *bias[1] = {filled(n, 3)};
-    const op o = {.kind = CHAIN,
-                    .chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 1, .widths = widths,
-                            .x = {filled(rows * k, 1), k, 1}, .weights = &weight,
-                            .biases = bias, .hidden_activation = FMLP_ACT_GELU,
-                            .final_activation = FMLP_ACT_GELU, .y = filled(rows * n, 4),
-                            .y_row_stride = n}};
-    char what[80];
-    snprintf(what, sizeof what, "linear %lld x %lld -> %lld GELU", (long long)rows,
-             (long long)k, (long long)n);
-    compare(what, &o, rounds, 2.0 * rows * k * n);
-    free((void *)weight.data), free((void *)bias[0]), free((void *)o.chain.x.data);
-    free(o.chain.y);
+    linear_case(rounds, rows, shapes[s][0], shapes[s][1], NULL);
   }
 }
 
@@ -279,25 +281,10 @@ static void gated_backward_case(int rounds) {
  * 4096 (packed ahead, row blocks cut as for two threads). */
 static void k_sweep_cases(int rounds) {
   static const int64_t row_counts[] = {1024, 4096}, depths[] = {768, 1024, 3072};
-  const int64_t n = 3072;
   for (size_t r = 0; r < sizeof row_counts / sizeof row_counts[0]; ++r) {
     for (size_t d = 0; d < sizeof depths / sizeof depths[0]; ++d) {
-      const int64_t rows = row_counts[r], k = depths[d], widths[2] = {k, n};
-      const fmlp_input weight = {filled(n * k, 2), k, 1};
-      const void *bias[1] = {filled(n, 3)};
-      const op o = {.kind = CHAIN,
-                    .chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 1, .widths = widths,
-                              .x = {filled(rows * k, 1), k, 1}, .weights = &weight,
-                              .biases = bias, .hidden_activation = FMLP_ACT_GELU,
-                              .final_activation = FMLP_ACT_GELU, .y = filled(rows * n, 4),
-                              .y_row_stride = n},
-                    .threading = rows > 1024 ? &AS_FOR_TWO : NULL};
-      char what[80];
-      snprintf(what, sizeof what, "linear %lld x %lld -> %lld GELU", (long long)rows,
-               (long long)k, (long long)n);
-      compare(what, &o, rounds, 2.0 * rows * k * n);
-      free((void *)weight.data), free((void *)bias[0]), free((void *)o.chain.x.data);
-      free(o.chain.y);
+      const int64_t rows = row_counts[r];
+      linear_case(rounds, rows, depths[d], 3072, rows > 1024 ? &AS_FOR_TWO : NULL);
     }
   }
 }

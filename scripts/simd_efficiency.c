@@ -208,11 +208,6 @@ static void report_mkl(const char *what, void *library, int m, int n, int k, con
 
 enum { PAIRED_ROUNDS = 21 };
 
-static int by_value(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static double median(double *values, int n) {
   qsort(values, (size_t)n, sizeof *values, by_value);
   return values[n / 2];
