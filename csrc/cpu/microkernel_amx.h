@@ -709,7 +709,7 @@ static void FN(microkernel_gated_amx)(int64_t kc, const REAL *restrict a,
   const FN(amx_input) input = FN(amx_input_at)(a, kc, ep->a_row_stride);
   FN(pending_tile) *p = ep->state;
   const int next = !p->gate_buffer;
-    FN(multiply_tiles)(kc, input, gate_halves, p, p->rows / 2);
+  FN(multiply_tiles)(kc, input, gate_halves, p, p->rows / 2);
   p->in_tiles = p->gate[next];
   FN(multiply_tiles)(kc, input, up_halves, p, GATED_MR);
   p->in_tiles = p->t;
