@@ -63,6 +63,19 @@ def test_row_counts_and_missing_biases(device, rows, generator):
         assert_matches_reference(fusedmlp.mlp(x, weights, layer_biases, "silu"), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_blocks_of_a_chain_past_the_l2(isa, dtype, restore_num_threads, generator):
+    """A chain whose weights exceed the L2, past the rows packed just in time, on two threads:
+    its row blocks take at least drivers.h's CHAIN_LEAST_BLOCK_ROWS (900 rows: 4 blocks, not
+    8), so blocks end mid-tile and the threads' shares differ; every instruction set."""
+    torch.set_num_threads(2)
+    sizes = [512, 1024, 512]  # 1M weights, 4 MiB packed
+    weights, biases = make_weights(sizes, dtype, "cpu", bias=True, generator=generator)
+    x = torch.randn(900, sizes[0], generator=generator).to(dtype)
+    y = fusedmlp.mlp(x, weights, biases, "gelu")
+    assert_matches_reference(y, reference_mlp(x, weights, biases, "gelu"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("n_layers", [1, 2, 3, 5])
