@@ -204,5 +204,8 @@ def test_emulate_cpu_avx2_limits_fused_and_torch(tmp_path: Path,
             "MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2)"
             in result.stdout)
     if torch.backends.mkl.is_available():
+        # On an Intel CPU the banner names MKL's instruction-set path; on others (AMD) MKL takes
+        # its generic path, no wider than AVX2, and names none.
         banners = [line for line in result.stdout.splitlines() if "MKL_VERBOSE oneMKL" in line]
-        assert banners and all("(Intel(R) AVX2) enabled processors" in b for b in banners)
+        assert banners and all("(Intel(R) AVX2) enabled processors" in b
+                               for b in banners if "enabled processors" in b)

@@ -5,7 +5,8 @@ AVX2 CPU's fusedmlp with an AVX-512 CPU's eager: torch's GEMMs (MKL, oneDNN) and
 kernels (ATen's CPU capability) still use every instruction the CPU has, and on an Intel Xeon
 AVX2's FMA peak is half of AVX-512's. An AVX2-only CPU is emulated by limiting torch too:
 
-- MKL_ENABLE_INSTRUCTIONS: MKL's code path (MKL_VERBOSE=1 names it in its banner);
+- MKL_ENABLE_INSTRUCTIONS: MKL's code path on Intel CPUs (MKL_VERBOSE=1 names it in its banner;
+  on others MKL takes its generic path, which names none);
 - ONEDNN_MAX_CPU_ISA: oneDNN's (ONEDNN_VERBOSE=1 prints it; torch then also stops sending
   bfloat16 matmuls to oneDNN, as on a CPU without AVX-512);
 - ATEN_CPU_CAPABILITY: ATen's vectorised kernels (torch.backends.cpu.get_cpu_capability()),
