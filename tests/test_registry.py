@@ -16,6 +16,7 @@ import torch
 from c_build import (
     CPU_DIR,
     NATIVE,
+    REGISTRY,
     ROOT,
     kernel_unit_sources,
     registry_isas,
@@ -80,6 +81,31 @@ def test_detection_agrees_with_the_kernel():
     for isa in cpu_isas():
         needed = {re.sub("[_-]", "", feature) for feature in isa.cpu_features}
         assert isa.supported == (needed <= flags), isa
+
+
+def cpuinfo_vendor() -> str | None:
+    """The CPU's vendor as GCC's __builtin_cpu_is names it (intel, amd); None where
+    /proc/cpuinfo names none (off x86 Linux) or another."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    vendor = re.search(r"^vendor_id\s*:\s*(\w+)", text, re.MULTILINE)
+    names = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+    return names.get(vendor.group(1)) if vendor else None
+
+
+def test_forced_only_on_its_vendor_alone():
+    """FMLP_FORCED_ONLY(ISA, vendor): detection skips the ISA on that vendor's CPUs (the
+    avx512_bf16 unit is slower than avx512's on Intel, twice as fast on AMD Zen 4) and only
+    there, as an independent reading of the vendor says."""
+    marked = re.findall(r"^FMLP_FORCED_ONLY\((\w+), (\w+)\)$", REGISTRY.read_text(), re.MULTILINE)
+    assert marked, "the registry marks no ISA forced-only: this test checks nothing"
+    vendor = cpuinfo_vendor()
+    for isa in cpu_isas():
+        vendors = {marked_vendor for isa_id, marked_vendor in marked
+                   if ISA_NAMES[isa_id] == isa.name}
+        assert isa.forced_only == (vendor in vendors), (isa.name, vendor)
 
 
 def test_every_isa_is_detected_and_forced_by_name(monkeypatch):

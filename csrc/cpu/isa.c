@@ -80,9 +80,14 @@ int fmlp_cpu_isa_supported(fmlp_cpu_isa isa) {
 }
 
 int fmlp_cpu_isa_forced_only(fmlp_cpu_isa isa) {
-#define FMLP_FORCED_ONLY(id) \
-  if (isa == FMLP_ISA_##id) return 1;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+#define FMLP_FORCED_ONLY(id, vendor) \
+  if (isa == FMLP_ISA_##id && __builtin_cpu_is(#vendor)) return 1;
 #include "fusedmlp/cpu_isas.def"
+#else
+  (void)isa; /* the vendors named are x86 ones */
+#endif
   return 0;
 }
 

@@ -119,7 +119,7 @@ static PyObject *cpu_isa(PyObject * /*module*/, PyObject *args) {
   return PyUnicode_FromString(isa);
 }
 
-// One (name, compiler flags, CPU features, supported here, forced only) tuple
+// One (name, compiler flags, CPU features, supported here, forced only here) tuple
 // per ISA of fusedmlp/cpu_isas.def, in its order; flags and features
 // space-separated.
 static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
@@ -199,7 +199,7 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
       {"cpu_isa", cpu_isa, METH_VARARGS, kCpuIsaDoc},
       {"cpu_isas", cpu_isas, METH_NOARGS,
        "The registered instruction sets, lowest first: (name, compiler flags, CPU features, "
-       "supported by this CPU, forced only: detection skips it) each."},
+       "supported by this CPU, forced only: detection skips it on this CPU's vendor) each."},
       {"profiler_records", profiler_records, METH_O,
        "Whether torch's profiler records the ops called on this thread (then they label "
        "their calls, each layer (stage) its own call under its own label): sets it, returns "

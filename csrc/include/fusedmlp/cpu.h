@@ -27,12 +27,13 @@ typedef enum {
  * HWCAP bits). */
 int fmlp_cpu_isa_supported(fmlp_cpu_isa isa);
 
-/* Whether the registry marks the ISA FMLP_FORCED_ONLY: detection skips it,
- * FUSEDMLP_ISA may still force it. */
+/* Whether the registry marks the ISA FMLP_FORCED_ONLY for this CPU's vendor:
+ * detection skips it, FUSEDMLP_ISA may still force it. */
 int fmlp_cpu_isa_forced_only(fmlp_cpu_isa isa);
 
 /* The best instruction set this CPU supports: the last supported one of the
- * registry that is not FMLP_FORCED_ONLY, whatever FUSEDMLP_ISA says. */
+ * registry that is not FMLP_FORCED_ONLY for its vendor, whatever FUSEDMLP_ISA
+ * says. */
 fmlp_cpu_isa fmlp_cpu_isa_best(void);
 
 /* The instruction set the kernels use on this CPU: fmlp_cpu_isa_best(), or
