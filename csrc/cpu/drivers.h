@@ -46,6 +46,26 @@
  * chain run layer by layer through whole hidden buffers 1.017x, the input
  * block's rows split evenly (no short last block) level. */
 #define CHAIN_LEAST_BLOCK_ROWS ((int64_t)384)
+/* An op with hidden outputs (a chain of several layers, the gated block)
+ * whose weights are past the L2 takes blocks of at most HIDDEN_MOST_BLOCK_ROWS
+ * rows: one thread (no queue to balance) would otherwise take all its rows
+ * as one block, whose hidden outputs leave the L3 and are fresh scratch pages
+ * to fault in and zero every call (the study MLP's 2048 x 3072 float32,
+ * twice: 48 MiB). On one thread (Zen 4 VM, 1 MiB L2, 32 MiB L3; C harness,
+ * threading NULL, the two builds alternating, medians of 5-11) the study MLP
+ * at 2048 rows ran in 5 blocks of ~410 rows 0.931x the time of one block at
+ * AVX-512 (0.948x at 384, 0.872x at 768 and 0.953x at 1024 rows in noisier
+ * runs; 480 against 768 directly 0.929x, against 384 level), 0.903x at AVX2
+ * and 0.939x in bfloat16 (avx512_bf16), its time over its three layers
+ * alone going from 1.17 / 1.12 / 1.09 to 1.00 / 1.01 / 1.02; the GeGLU block
+ * 768 -> 3072 -> 768 at 2048 tokens 0.816x, 0.863x and 0.991x. Two threads
+ * keep the study MLP's 342-row blocks at 2048 rows; at 4096 rows (512 ->
+ * ~410-row blocks) it ran 1.045x and 0.965x (noise), the GeGLU block 1.003x; at
+ * 8192 tokens (1024 -> ~456; bench study_gated) the GeGLU block 0.953x at
+ * AVX-512, 0.962x at AVX2, level in bfloat16 (1.016x, 0.984x). Single
+ * layers keep whole shares: they have no hidden outputs. */
+#define HIDDEN_MOST_BLOCK_ROWS ((int64_t)480)
+_Static_assert(HIDDEN_MOST_BLOCK_ROWS >= CHAIN_LEAST_BLOCK_ROWS, "a block range");
 #define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
 
 /* Up to GEMM_JIT_MAX_ROWS rows (GEMM_JIT_LARGE_MAX_ROWS for an op of at
@@ -133,6 +153,9 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
   int64_t block = threads > 1 && balanced > GEMM_MC ? balanced : per_thread;
   const int past_l2 = weight_elems * (int64_t)sizeof(REAL) > fmlp_cpu_l2_bytes();
   if (past_l2 && block < least_rows) block = least_rows;
+  if (past_l2 && activation_elems_per_row > 0 && block > HIDDEN_MOST_BLOCK_ROWS) {
+    block = HIDDEN_MOST_BLOCK_ROWS;
+  }
   if (activation_elems_per_row > 0 && !past_l2) {
     const int64_t fit =
         ACTIVATION_BLOCK_BYTES / (activation_elems_per_row * (int64_t)sizeof(REAL));
