@@ -11,7 +11,8 @@
 
 /* Row blocks run through every layer while the weights stay in the L2, so a
  * block's activations never leave it either; larger weights get blocks of up
- * to a thread's share of the rows. Measured with one thread on Zen 4 (C
+ * to a thread's share of the rows (HIDDEN_MOST_BLOCK_ROWS where there are
+ * hidden outputs). Measured with one thread on Zen 4 (C
  * harness): 65536 x (64-128-128-64): 42.7 ms blocked vs 87.4 ms layer by
  * layer, flat for activation blocks of 32 KiB..1 MiB. Weights past the L2
  * come from L3 once per block: on the Xeon (2 MiB L2; C harness, one thread's
@@ -41,6 +42,14 @@
  * 146 against 172, 161 and 194 GFLOP/s) is not settled: perf (cpu-clock)
  * puts 10% more micro-kernel samples a call in the chain and page zeroing
  * (clear_page_erms, fresh packed weights and scratch) at 4.8% against 1.4%.
+ * On a Zen 4 VM (1 MiB L2, 32 MiB L3) the chain took 0.98-1.05x its layers'
+ * time (6 runs) with no more micro-kernel samples (perf, 8 calls: 9683
+ * against 9819), and keeping every scratch and packed-weight buffer between
+ * calls (an experiment's process-wide cache) closed the gap: the chain 0.979x
+ * and 0.986x the time (0.936x in a noisier run), its hidden scratch alone
+ * 0.995x. Through torch on two threads there the chain took 0.96x its
+ * layers' time (fusedmlp.linear each), clear_page_erms 7% of its
+ * micro-kernel's samples.
  * Tried and dropped (same harness): the next weight block prefetched into
  * the L2 a share per tile 1.04x (and the layers alone 1.03-1.06x), the
  * chain run layer by layer through whole hidden buffers 1.017x, the input
