@@ -64,6 +64,18 @@ def test_many_rows_and_empty_batch(device, generator):
         assert_matches_reference(y, reference_gated(x, weights, biases, "silu"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_blocks_past_the_l2_on_one_thread(isa, dtype, restore_num_threads, generator):
+    """Weights past the L2 (3 MiB), rows past those packed just in time, one thread: row
+    blocks of at most drivers.h's HIDDEN_MOST_BLOCK_ROWS (900 rows: 2, not 1) that reuse
+    the thread's gate, up and product scratch; every instruction set."""
+    torch.set_num_threads(1)
+    weights, biases = random_params(256, 1024, dtype, "cpu", True, generator)
+    x = torch.randn(900, 256, generator=generator).to(dtype)
+    y = call_fused(x, weights, biases, "gelu_tanh")
+    assert_matches_reference(y, reference_gated(x, weights, biases, "gelu_tanh"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("activation", ["gelu_tanh", "silu", "gelu", "relu"])
 @pytest.mark.parametrize("bias", [False, True])

@@ -63,12 +63,15 @@ def test_row_counts_and_missing_biases(device, rows, generator):
         assert_matches_reference(fusedmlp.mlp(x, weights, layer_biases, "silu"), expected)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_row_blocks_of_a_chain_past_the_l2(isa, dtype, restore_num_threads, generator):
-    """A chain whose weights exceed the L2, past the rows packed just in time, on two threads:
+def test_row_blocks_of_a_chain_past_the_l2(isa, dtype, threads, restore_num_threads, generator):
+    """A chain whose weights exceed the L2, past the rows packed just in time: on two threads
     its row blocks take at least drivers.h's CHAIN_LEAST_BLOCK_ROWS (900 rows: 4 blocks, not
-    8), so blocks end mid-tile and the threads' shares differ; every instruction set."""
-    torch.set_num_threads(2)
+    8), so blocks end mid-tile and the threads' shares differ; on one thread at most
+    HIDDEN_MOST_BLOCK_ROWS (2 blocks, not 1), which reuse its hidden scratch; every
+    instruction set."""
+    torch.set_num_threads(threads)
     sizes = [512, 1024, 512]  # 1M weights, 4 MiB packed
     weights, biases = make_weights(sizes, dtype, "cpu", bias=True, generator=generator)
     x = torch.randn(900, sizes[0], generator=generator).to(dtype)

@@ -11,7 +11,8 @@
 
 /* Row blocks run through every layer while the weights stay in the L2, so a
  * block's activations never leave it either; larger weights get blocks of up
- * to a thread's share of the rows. Measured with one thread on Zen 4 (C
+ * to a thread's share of the rows (HIDDEN_MOST_BLOCK_ROWS where there are
+ * hidden outputs). Measured with one thread on Zen 4 (C
  * harness): 65536 x (64-128-128-64): 42.7 ms blocked vs 87.4 ms layer by
  * layer, flat for activation blocks of 32 KiB..1 MiB. Weights past the L2
  * come from L3 once per block: on the Xeon (2 MiB L2; C harness, one thread's
@@ -41,11 +42,39 @@
  * 146 against 172, 161 and 194 GFLOP/s) is not settled: perf (cpu-clock)
  * puts 10% more micro-kernel samples a call in the chain and page zeroing
  * (clear_page_erms, fresh packed weights and scratch) at 4.8% against 1.4%.
+ * On a Zen 4 VM (1 MiB L2, 32 MiB L3) the chain took 0.98-1.05x its layers'
+ * time (6 runs) with no more micro-kernel samples (perf, 8 calls: 9683
+ * against 9819), and keeping every scratch and packed-weight buffer between
+ * calls (an experiment's process-wide cache) closed the gap: the chain 0.979x
+ * and 0.986x the time (0.936x in a noisier run), its hidden scratch alone
+ * 0.995x. Through torch on two threads there the chain took 0.96x its
+ * layers' time (fusedmlp.linear each), clear_page_erms 7% of its
+ * micro-kernel's samples.
  * Tried and dropped (same harness): the next weight block prefetched into
  * the L2 a share per tile 1.04x (and the layers alone 1.03-1.06x), the
  * chain run layer by layer through whole hidden buffers 1.017x, the input
  * block's rows split evenly (no short last block) level. */
 #define CHAIN_LEAST_BLOCK_ROWS ((int64_t)384)
+/* An op with hidden outputs (a chain of several layers, the gated block)
+ * whose weights are past the L2 takes blocks of at most HIDDEN_MOST_BLOCK_ROWS
+ * rows: one thread (no queue to balance) would otherwise take all its rows
+ * as one block, whose hidden outputs leave the L3 and are fresh scratch pages
+ * to fault in and zero every call (the study MLP's 2048 x 3072 float32,
+ * twice: 48 MiB). On one thread (Zen 4 VM, 1 MiB L2, 32 MiB L3; C harness,
+ * threading NULL, the two builds alternating, medians of 5-11) the study MLP
+ * at 2048 rows ran in 5 blocks of ~410 rows 0.931x the time of one block at
+ * AVX-512 (0.948x at 384, 0.872x at 768 and 0.953x at 1024 rows in noisier
+ * runs; 480 against 768 directly 0.929x, against 384 level), 0.903x at AVX2
+ * and 0.939x in bfloat16 (avx512_bf16), its time over its three layers
+ * alone going from 1.17 / 1.12 / 1.09 to 1.00 / 1.01 / 1.02; the GeGLU block
+ * 768 -> 3072 -> 768 at 2048 tokens 0.816x, 0.863x and 0.991x. Two threads
+ * keep the study MLP's 342-row blocks at 2048 rows; at 4096 rows (512 ->
+ * ~410-row blocks) it ran 1.045x and 0.965x (noise), the GeGLU block 1.003x; at
+ * 8192 tokens (1024 -> ~456; bench study_gated) the GeGLU block 0.953x at
+ * AVX-512, 0.962x at AVX2, level in bfloat16 (1.016x, 0.984x). Single
+ * layers keep whole shares: they have no hidden outputs. */
+#define HIDDEN_MOST_BLOCK_ROWS ((int64_t)480)
+_Static_assert(HIDDEN_MOST_BLOCK_ROWS >= CHAIN_LEAST_BLOCK_ROWS, "a block range");
 #define BLOCK_MIN_MULTIPLY_ADDS ((int64_t)1 << 20)
 
 /* Up to GEMM_JIT_MAX_ROWS rows (GEMM_JIT_LARGE_MAX_ROWS for an op of at
@@ -133,6 +162,9 @@ static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t we
   int64_t block = threads > 1 && balanced > GEMM_MC ? balanced : per_thread;
   const int past_l2 = weight_elems * (int64_t)sizeof(REAL) > fmlp_cpu_l2_bytes();
   if (past_l2 && block < least_rows) block = least_rows;
+  if (past_l2 && activation_elems_per_row > 0 && block > HIDDEN_MOST_BLOCK_ROWS) {
+    block = HIDDEN_MOST_BLOCK_ROWS;
+  }
   if (activation_elems_per_row > 0 && !past_l2) {
     const int64_t fit =
         ACTIVATION_BLOCK_BYTES / (activation_elems_per_row * (int64_t)sizeof(REAL));
