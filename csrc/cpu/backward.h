@@ -752,6 +752,152 @@ static fmlp_status FN(chain_backward_columns)(const fmlp_cpu_chain_backward_args
   return status;
 }
 
+/* A chain whose forward runs a block of rows a thread (drivers.h's
+ * jit_block_rows: small weights, each thread's rows past the few) runs its
+ * backward in two stages, where the column split takes two a layer. Stage 0,
+ * each task's rows through every layer from the top: grad_pre's rows, dX =
+ * grad_pre @ W into the layer below's grad_pre, through its activation; no
+ * row needs another task's, as no output row sums over rows. Stage 1, each
+ * task's share of every layer's grad_pre columns: the rows of dW = grad_pre^T
+ * @ h they make, and the bias sums over them (column_sums_slice, as the
+ * column split sums). Each task packs its own a and every block of b (W for
+ * dX, h for dW) just in time, as the forward's row blocks pack every weight:
+ * no stage packs a shared input, and only stage 1 reads what another core
+ * wrote. Every element sums over K in the same blocks as the column split's
+ * (the same kernels over the same K), so gradients stay those of one thread.
+ * grad_pre_l lies in layer l's rows x max_width matrix of scratch (grad_y
+ * itself for a top layer without activation), every layer's kept for
+ * stage 1. */
+typedef struct {
+  const fmlp_cpu_chain_backward_args *args;
+  STORE *scratch;
+  int64_t max_width;
+  int64_t weight_block_at; /* in each task's scratch (pack_need_elems) */
+} FN(rows_then_weights);
+
+static STORE *FN(layer_grad_pre)(const FN(rows_then_weights) *bw, int64_t l) {
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  if (l == a->n_layers - 1 && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y;
+  return bw->scratch + l * a->rows * bw->max_width;
+}
+
+/* Whether a chain's backward over up to BACKWARD_COLUMNS_MAX_ROWS rows (past
+ * the few) runs as rows_then_weights on threading: where its forward runs a
+ * row block a thread, and the column split would split (columns_split). */
+static int FN(splits_rows_then_weights)(const fmlp_cpu_chain_backward_args *a,
+                                        const fmlp_threading *threading) {
+  if (threading == NULL || threading->n_threads < 2) return 0;
+  int64_t weight_elems = 0, multiply_adds;
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    int64_t layer;
+    if (!fmlp_checked_mul(a->widths[l + 1], a->widths[l], &layer)) layer = -1;
+    FN(add_elems)(&weight_elems, layer);
+  }
+  /* past int64_t: weights far past GEMM_JIT_LARGE_MULTIPLY_ADDS, never split by rows */
+  if (weight_elems < 0 || !fmlp_checked_mul(2 * a->rows, weight_elems, &multiply_adds)) return 0;
+  return multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS &&
+         FN(jit_block_rows)(a->rows, threading->n_threads, weight_elems) < a->rows;
+}
+
+/* *need grows to a product of m rows over K = k packing its a (whole, as
+ * b's blocks are packed just in time) and b's blocks, for each task's share
+ * of m_total rows split over n_tasks. */
+static void FN(need_task_products)(FN(pack_need) *need, int64_t m_total, int64_t k,
+                                   int64_t n_tasks) {
+  for (int64_t task = 0; task < n_tasks; ++task) {
+    int64_t first, m;
+    FN(even_split)(m_total, GEMM_MR, n_tasks, task, &first, &m);
+    FN(max_elems)(&need->input, FN(larger_elems)(FN(input_pack_elems)(m, k),
+                                                 FN(whole_input_pack_elems)(m, k)));
+  }
+  FN(max_elems)(&need->block, FN(weight_block_elems)(k, 1));
+}
+
+/* Stage 0 (task `task` of n_tasks's rows) or 1 (its share of each layer's
+ * grad_pre columns, the rows of dW). */
+static void FN(rows_then_weights_part)(const void *block, int64_t stage, int64_t task,
+                                       int64_t n_tasks, REAL *task_pack) {
+  const FN(rows_then_weights) *bw = block;
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  const int64_t rows = a->rows, top = a->n_layers - 1;
+  REAL *weight_block = FN(weight_block_in)(task_pack, bw->weight_block_at);
+  int64_t first, count;
+  if (stage == 1) {
+    for (int64_t l = 0; l <= top; ++l) {
+      const int64_t width = a->widths[l + 1], k = a->widths[l];
+      const STORE *grad_pre = FN(layer_grad_pre)(bw, l);
+      FN(even_split)(width, GEMM_MR, n_tasks, task, &first, &count);
+      if (count == 0) continue;
+      FN(column_sums_slice)(grad_pre, rows, width, first, count,
+                            a->grad_biases != NULL ? a->grad_biases[l] : NULL);
+      if (a->grad_weights[l] == NULL) continue;
+      const fmlp_input input = l == 0 ? a->x : (fmlp_input){a->saved_hidden[l - 1], k, 1};
+      const FN(packed_weight) h = {.data = NULL, .source = FN(transposed)(input), .n = k,
+                                   .k = rows};
+      FN(gemm_rows_columns)((fmlp_input){grad_pre + first, 1, width}, NULL, NULL, count, &h, 0,
+                            k, NULL, FMLP_ACT_NONE,
+                            (FN(product_out)){.c = (STORE *)a->grad_weights[l] + first * k,
+                                              .ldc = k},
+                            task_pack, weight_block);
+    }
+    return;
+  }
+  FN(even_split)(rows, GEMM_MR, n_tasks, task, &first, &count);
+  if (count == 0) return;
+  const int64_t top_width = a->widths[top + 1];
+  if (a->final_activation != FMLP_ACT_NONE) {
+    STORE *grad_pre = FN(layer_grad_pre)(bw, top);
+    const STORE *grad_y = a->grad_y, *pre = a->saved_pre[top];
+    for (int64_t r = first; r < first + count; ++r) {
+      FN(activation_grad_span)(grad_pre + r * top_width, grad_y + r * top_width,
+                               pre + r * top_width, top_width, a->final_activation);
+    }
+  }
+  for (int64_t l = top; l >= 0; --l) {
+    const int64_t width = a->widths[l + 1], k = a->widths[l];
+    STORE *below = l > 0 ? FN(layer_grad_pre)(bw, l - 1) : a->grad_x;
+    if (below == NULL) continue;
+    const FN(packed_weight) w = {.data = NULL, .source = FN(transposed)(a->weights[l]), .n = k,
+                                 .k = width};
+    FN(gemm_rows_columns)((fmlp_input){FN(layer_grad_pre)(bw, l) + first * width, width, 1},
+                          NULL, NULL, count, &w, 0, k, NULL, FMLP_ACT_NONE,
+                          (FN(product_out)){.c = below + first * k, .ldc = k}, task_pack,
+                          weight_block);
+    if (l == 0 || a->hidden_activation == FMLP_ACT_NONE) continue;
+    const STORE *pre = a->saved_pre[l - 1];
+    for (int64_t r = first; r < first + count; ++r) {
+      FN(activation_grad_span)(below + r * k, below + r * k, pre + r * k, k,
+                               a->hidden_activation);
+    }
+  }
+}
+
+static fmlp_status FN(chain_backward_rows_then_weights)(const fmlp_cpu_chain_backward_args *a,
+                                                        const fmlp_threading *threading) {
+  const int64_t rows = a->rows, n_tasks = threading->n_threads;
+  FN(rows_then_weights) bw = {.args = a};
+  FN(pack_need) need = {0, 0};
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    const int64_t width = a->widths[l + 1], k = a->widths[l];
+    if (width > bw.max_width) bw.max_width = width;
+    FN(need_task_products)(&need, rows, width, n_tasks); /* dX */
+    FN(need_task_products)(&need, width, rows, n_tasks); /* dW */
+    if (a->grad_weights[l] != NULL) FN(advise_output)(a->grad_weights[l], width, k, k);
+  }
+  FN(column_split) split = {NULL, NULL, 0};
+  /* multiply-adds past any minimum: splits_rows_then_weights chose to split */
+  fmlp_status status = FN(backward_split)(threading, INT64_MAX, 0,
+                                          FN(pack_need_elems)(&need, &bw.weight_block_at), &split);
+  bw.scratch = fmlp_alloc_matrices(a->n_layers, rows, bw.max_width, sizeof(STORE));
+  if (status == FMLP_OK && bw.scratch == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
+  if (status == FMLP_OK) {
+    FN(run_column_stages)(&split, 2, FN(rows_then_weights_part), &bw, split.packs);
+  }
+  free(bw.scratch);
+  free(split.packs);
+  return status;
+}
+
 /* A column-split gated block's backward, in steps: 0, over out_dim columns,
  * grad_b_down's; over hidden columns, grad_W_down's and grad_product's,
  * turned into grad_gate and grad_up with their bias sums. Then over dim
@@ -1054,8 +1200,11 @@ fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
 #if FMLP_TRANSPOSED_KERNELS
   if (FN(few_rows_backward_fits)(a)) return FN(chain_backward_columns)(a, 1, threading);
 #endif
-  if (a->rows <= BACKWARD_COLUMNS_MAX_ROWS) return FN(chain_backward_columns)(a, 0, threading);
-  return FN(chain_backward_rows)(a, threading);
+  if (a->rows > BACKWARD_COLUMNS_MAX_ROWS) return FN(chain_backward_rows)(a, threading);
+  if (FN(splits_rows_then_weights)(a, threading)) {
+    return FN(chain_backward_rows_then_weights)(a, threading);
+  }
+  return FN(chain_backward_columns)(a, 0, threading);
 }
 
 /* ---- the gated block's backward ---- */
