@@ -118,6 +118,14 @@ static int FN(packs_just_in_time)(int64_t rows, int64_t weight_elems) {
                                                                  : GEMM_JIT_MAX_ROWS);
 }
 
+/* Whether `rows` rows cut into `threads` blocks of whole tiles leave each
+ * past the few rows that read weights in place: the smallest block, of
+ * tiles / threads tiles at least, is cut at rows when last. */
+static int FN(rows_split_fits)(int64_t rows, int64_t threads) {
+  return threads > 1 &&
+         ((rows + GEMM_MR - 1) / GEMM_MR / threads - 1) * GEMM_MR >= GEMM_UNPACKED_MAX_ROWS;
+}
+
 /* Rows a block of an op that packs its weights just in time
  * (packs_just_in_time): all of them, its products' columns then split over
  * the threads in stages (splits_columns), unless its weights are small (under
@@ -137,14 +145,10 @@ static int FN(packs_just_in_time)(int64_t rows, int64_t weight_elems) {
  * 0.04-0.13 ms. The few rows stay one block: the transposed kernel puts rows
  * in vector lanes, and splitting them would leave lanes empty. */
 static int64_t FN(jit_block_rows)(int64_t rows, int64_t threads, int64_t weight_elems) {
-  const int64_t tiles = (rows + GEMM_MR - 1) / GEMM_MR;
-  /* the smallest block, of tiles / threads tiles at least, is cut at rows
-   * when last: past the few rows when (tiles / threads - 1) tiles are */
-  if (threads < 2 || weight_elems >= GEMM_JIT_LARGE_MULTIPLY_ADDS ||
-      (tiles / threads - 1) * GEMM_MR < GEMM_UNPACKED_MAX_ROWS) {
+  if (weight_elems >= GEMM_JIT_LARGE_MULTIPLY_ADDS || !FN(rows_split_fits)(rows, threads)) {
     return rows;
   }
-  return (tiles + threads - 1) / threads * GEMM_MR;
+  return ((rows + GEMM_MR - 1) / GEMM_MR + threads - 1) / threads * GEMM_MR;
 }
 
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
