@@ -1,9 +1,11 @@
 """The CPU backward of up to BACKWARD_COLUMNS_MAX_ROWS rows (csrc/cpu/backward.h) splits
 each product's output columns over the threads and packs its transposed operand a block at a
-time; past the bound, it splits rows. Gradients on both sides of the bound, a layer wider than
-one row chunk of a dW (its rows in two input blocks), K past one K block, a strided input and a
-transposed-layout weight: against float64 references, and bit-identical on one and two
-threads, every dtype and instruction set."""
+time, or, where each thread's rows are past the few (here 512 rows on two threads, against
+the column split on one), runs every dX over the threads' rows and then every dW over its
+rows (rows_then_weights); past the bound, it splits rows. Gradients on both sides of the
+bound, a layer wider than one row chunk of a dW (its rows in two input blocks), K past one K
+block, a strided input and a transposed-layout weight: against float64 references, and
+bit-identical on one and two threads, every dtype and instruction set."""
 
 from __future__ import annotations
 

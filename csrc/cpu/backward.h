@@ -758,6 +758,157 @@ static fmlp_status FN(chain_backward_columns)(const fmlp_cpu_chain_backward_args
   return status;
 }
 
+/* A chain whose forward runs a block of rows a thread (drivers.h's
+ * jit_block_rows: small weights, each thread's rows past the few) runs its
+ * backward in two stages, where the column split takes two a layer. Stage 0,
+ * each task's rows through every layer from the top: grad_pre's rows, dX =
+ * grad_pre @ W into the layer below's grad_pre, through its activation; no
+ * row needs another task's, as no output row sums over rows. Stage 1, each
+ * task's share of every layer's grad_pre columns: the rows of dW = grad_pre^T
+ * @ h they make, and the bias sums over them (column_sums_slice, as the
+ * column split sums). Each task packs its own a and every block of b (W for
+ * dX, h for dW) just in time, as the forward's row blocks pack every weight:
+ * no stage packs a shared input, and only stage 1 reads what another core
+ * wrote. Every element sums over K in the same blocks as the column split's
+ * (the same kernels over the same K), so gradients stay those of one thread.
+ * grad_pre_l lies in layer l's rows x max_width matrix of scratch (grad_y
+ * itself for a top layer without activation), every layer's kept for
+ * stage 1. */
+typedef struct {
+  const fmlp_cpu_chain_backward_args *args;
+  STORE *scratch;
+  int64_t max_width;
+  int64_t weight_block_at; /* in each task's scratch (pack_need_elems) */
+} FN(rows_then_weights);
+
+static STORE *FN(layer_grad_pre)(const FN(rows_then_weights) *bw, int64_t l) {
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  if (l == a->n_layers - 1 && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y;
+  return bw->scratch + l * a->rows * bw->max_width;
+}
+
+/* Whether a chain's backward over up to BACKWARD_COLUMNS_MAX_ROWS rows (past
+ * the few) runs as rows_then_weights on threading: where its forward runs a
+ * row block a thread, and the column split would split (columns_split). */
+static int FN(splits_rows_then_weights)(const fmlp_cpu_chain_backward_args *a,
+                                        const fmlp_threading *threading) {
+  if (threading == NULL || threading->n_threads < 2) return 0;
+  int64_t weight_elems = 0, multiply_adds;
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    int64_t layer;
+    if (!fmlp_checked_mul(a->widths[l + 1], a->widths[l], &layer)) layer = -1;
+    FN(add_elems)(&weight_elems, layer);
+  }
+  /* past int64_t: weights far past GEMM_JIT_LARGE_MULTIPLY_ADDS, never split by rows */
+  if (weight_elems < 0 || !fmlp_checked_mul(2 * a->rows, weight_elems, &multiply_adds)) return 0;
+  return multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS &&
+         FN(jit_block_rows)(a->rows, threading->n_threads, weight_elems) < a->rows;
+}
+
+/* *need grows to a product of m rows over K = k packing its a (whole, as
+ * b's blocks are packed just in time) and b's blocks, for each task's share
+ * of m_total rows split over n_tasks. */
+static void FN(need_task_products)(FN(pack_need) *need, int64_t m_total, int64_t k,
+                                   int64_t n_tasks) {
+  for (int64_t task = 0; task < n_tasks; ++task) {
+    int64_t first, m;
+    FN(even_split)(m_total, GEMM_MR, n_tasks, task, &first, &m);
+    FN(max_elems)(&need->input, FN(larger_elems)(FN(input_pack_elems)(m, k),
+                                                 FN(whole_input_pack_elems)(m, k)));
+  }
+  FN(max_elems)(&need->block, FN(weight_block_elems)(k, 1));
+}
+
+/* Rows [first, first + count) of c (m x n, contiguous) = a (m x k) @ b, b
+ * given as its transpose b_t (n x k) and packed a block at a time just in
+ * time, a packed by the task: see rows_then_weights. */
+static void FN(rows_product)(fmlp_input a, int64_t first, int64_t count, fmlp_input b_t,
+                             int64_t n, int64_t k, STORE *c, REAL *task_pack,
+                             REAL *weight_block) {
+  const FN(packed_weight) w = {.data = NULL, .source = b_t, .n = n, .k = k};
+  const fmlp_input rows = {(const STORE *)a.data + first * a.row_stride, a.row_stride,
+                           a.col_stride};
+  FN(gemm_rows_columns)(rows, NULL, NULL, count, &w, 0, n, NULL, FMLP_ACT_NONE,
+                        (FN(product_out)){.c = c + first * n, .ldc = n}, task_pack,
+                        weight_block);
+}
+
+/* Stage 0 (task `task` of n_tasks's rows) or 1 (its share of each layer's
+ * grad_pre columns, the rows of dW). */
+static void FN(rows_then_weights_part)(const void *block, int64_t stage, int64_t task,
+                                       int64_t n_tasks, REAL *task_pack) {
+  const FN(rows_then_weights) *bw = block;
+  const fmlp_cpu_chain_backward_args *a = bw->args;
+  const int64_t rows = a->rows, top = a->n_layers - 1;
+  REAL *weight_block = FN(weight_block_in)(task_pack, bw->weight_block_at);
+  int64_t first, count;
+  if (stage == 1) {
+    for (int64_t l = 0; l <= top; ++l) {
+      const int64_t width = a->widths[l + 1], k = a->widths[l];
+      const STORE *grad_pre = FN(layer_grad_pre)(bw, l);
+      FN(even_split)(width, GEMM_MR, n_tasks, task, &first, &count);
+      if (count == 0) continue;
+      FN(column_sums_slice)(grad_pre, rows, width, first, count,
+                            a->grad_biases != NULL ? a->grad_biases[l] : NULL);
+      if (a->grad_weights[l] == NULL) continue;
+      const fmlp_input input = l == 0 ? a->x : (fmlp_input){a->saved_hidden[l - 1], k, 1};
+      FN(rows_product)((fmlp_input){grad_pre, 1, width}, first, count, FN(transposed)(input), k,
+                       rows, a->grad_weights[l], task_pack, weight_block);
+    }
+    return;
+  }
+  FN(even_split)(rows, GEMM_MR, n_tasks, task, &first, &count);
+  if (count == 0) return;
+  const int64_t top_width = a->widths[top + 1];
+  if (a->final_activation != FMLP_ACT_NONE) {
+    STORE *grad_pre = FN(layer_grad_pre)(bw, top);
+    const STORE *grad_y = a->grad_y, *pre = a->saved_pre[top];
+    for (int64_t r = first; r < first + count; ++r) {
+      FN(activation_grad_span)(grad_pre + r * top_width, grad_y + r * top_width,
+                               pre + r * top_width, top_width, a->final_activation);
+    }
+  }
+  for (int64_t l = top; l >= 0; --l) {
+    const int64_t width = a->widths[l + 1], k = a->widths[l];
+    STORE *below = l > 0 ? FN(layer_grad_pre)(bw, l - 1) : a->grad_x;
+    if (below == NULL) continue;
+    FN(rows_product)((fmlp_input){FN(layer_grad_pre)(bw, l), width, 1}, first, count,
+                     FN(transposed)(a->weights[l]), k, width, below, task_pack, weight_block);
+    if (l == 0 || a->hidden_activation == FMLP_ACT_NONE) continue;
+    const STORE *pre = a->saved_pre[l - 1];
+    for (int64_t r = first; r < first + count; ++r) {
+      FN(activation_grad_span)(below + r * k, below + r * k, pre + r * k, k,
+                               a->hidden_activation);
+    }
+  }
+}
+
+static fmlp_status FN(chain_backward_rows_then_weights)(const fmlp_cpu_chain_backward_args *a,
+                                                        const fmlp_threading *threading) {
+  const int64_t rows = a->rows, n_tasks = threading->n_threads;
+  FN(rows_then_weights) bw = {.args = a};
+  FN(pack_need) need = {0, 0};
+  for (int64_t l = 0; l < a->n_layers; ++l) {
+    const int64_t width = a->widths[l + 1], k = a->widths[l];
+    if (width > bw.max_width) bw.max_width = width;
+    FN(need_task_products)(&need, rows, width, n_tasks); /* dX */
+    FN(need_task_products)(&need, width, rows, n_tasks); /* dW */
+    if (a->grad_weights[l] != NULL) FN(advise_output)(a->grad_weights[l], width, k, k);
+  }
+  FN(column_split) split = {NULL, NULL, 0};
+  /* multiply-adds past any minimum: splits_rows_then_weights chose to split */
+  fmlp_status status = FN(backward_split)(threading, INT64_MAX, 0,
+                                          FN(pack_need_elems)(&need, &bw.weight_block_at), &split);
+  bw.scratch = fmlp_alloc_matrices(a->n_layers, rows, bw.max_width, sizeof(STORE));
+  if (status == FMLP_OK && bw.scratch == NULL) status = FMLP_ERR_OUT_OF_MEMORY;
+  if (status == FMLP_OK) {
+    FN(run_column_stages)(&split, 2, FN(rows_then_weights_part), &bw, split.packs);
+  }
+  free(bw.scratch);
+  free(split.packs);
+  return status;
+}
+
 /* A column-split gated block's backward, in steps: 0, over out_dim columns,
  * grad_b_down's; over hidden columns, grad_W_down's and grad_product's,
  * turned into grad_gate and grad_up with their bias sums. Then over dim
@@ -912,6 +1063,121 @@ static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backwar
   return status;
 }
 
+/* A gated block's backward in two stages, as a chain's rows_then_weights:
+ * stage 0, each task's rows: grad_product = grad_y @ W_down into grad_gate,
+ * turned into grad_gate and grad_up, then grad_x = grad_gate @ W_gate plus
+ * from_up = grad_up @ W_up; stage 1, each task's share of out_dim's and
+ * hidden's columns of grad_y, grad_gate and grad_up: the rows of grad_W_down,
+ * grad_W_gate and grad_W_up they make, and the bias sums over them. One
+ * barrier where the column split has five, and no shared packing stage; each
+ * thread packs all of W_down (and W_gate and W_up for grad_x) for its rows.
+ * Measured against the column split (C harness as rows_then_weights', 2
+ * threads, wall time, median of per-round ratios, 60-100 rounds, load
+ * average 2.5-4.5 on 2 cores): bench train_gated's backward (256 tokens, 768
+ * -> 3072 -> 768 float32, no grad_x) 0.98, 0.93, 0.92 (AVX-512), 0.95
+ * (AVX2); total work (both tasks on one thread) 0.94 and 0.80; the forward
+ * and backward together level (1.00, 1.01). */
+typedef struct {
+  const fmlp_cpu_gated_block_backward_args *args;
+  STORE *grad_gate, *grad_up, *from_up;
+  int64_t weight_block_at; /* in each task's scratch (pack_need_elems) */
+} FN(gated_rows_then_weights);
+
+static void FN(gated_rows_then_weights_part)(const void *block, int64_t stage, int64_t task,
+                                             int64_t n_tasks, REAL *task_pack) {
+  const FN(gated_rows_then_weights) *bw = block;
+  const fmlp_cpu_gated_block_backward_args *a = bw->args;
+  const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
+  REAL *wb = FN(weight_block_in)(task_pack, bw->weight_block_at);
+  int64_t first, count;
+  if (stage == 1) {
+    FN(even_split)(out, GEMM_MR, n_tasks, task, &first, &count);
+    FN(column_sums_slice)(a->grad_y, rows, out, first, count, a->grad_bias_down);
+    if (a->grad_w_down != NULL && count > 0) {
+      FN(rows_product)((fmlp_input){a->grad_y, 1, out}, first, count,
+                       FN(transposed)((fmlp_input){a->saved_product, h, 1}), h, rows,
+                       a->grad_w_down, task_pack, wb);
+    }
+    FN(even_split)(h, GEMM_MR, n_tasks, task, &first, &count);
+    if (count == 0) return;
+    FN(column_sums_slice)(bw->grad_gate, rows, h, first, count, a->grad_bias_gate);
+    FN(column_sums_slice)(bw->grad_up, rows, h, first, count, a->grad_bias_up);
+    if (a->grad_w_gate != NULL) {
+      FN(rows_product)((fmlp_input){bw->grad_gate, 1, h}, first, count, FN(transposed)(a->x),
+                       dim, rows, a->grad_w_gate, task_pack, wb);
+    }
+    if (a->grad_w_up != NULL) {
+      FN(rows_product)((fmlp_input){bw->grad_up, 1, h}, first, count, FN(transposed)(a->x), dim,
+                       rows, a->grad_w_up, task_pack, wb);
+    }
+    return;
+  }
+  FN(even_split)(rows, GEMM_MR, n_tasks, task, &first, &count);
+  if (count == 0) return;
+  FN(rows_product)((fmlp_input){a->grad_y, out, 1}, first, count, FN(transposed)(a->w_down), h,
+                   out, bw->grad_gate, task_pack, wb);
+  const int64_t at = first * h;
+  FN(gated_grads_span)(bw->grad_gate + at, (const STORE *)a->saved_gate + at,
+                       (const STORE *)a->saved_up + at, count * h, a->activation,
+                       bw->grad_gate + at, bw->grad_up + at);
+  if (a->grad_x == NULL) return;
+  STORE *grad_x = a->grad_x;
+  FN(rows_product)((fmlp_input){bw->grad_gate, h, 1}, first, count, FN(transposed)(a->w_gate),
+                   dim, h, grad_x, task_pack, wb);
+  FN(rows_product)((fmlp_input){bw->grad_up, h, 1}, first, count, FN(transposed)(a->w_up), dim,
+                   h, bw->from_up, task_pack, wb);
+  for (int64_t i = first * dim; i < (first + count) * dim; ++i) {
+    grad_x[i] = to_store(to_real(grad_x[i]) + to_real(bw->from_up[i]));
+  }
+}
+
+/* Whether a gated block's backward over up to BACKWARD_COLUMNS_MAX_ROWS
+ * rows (past the few) runs as gated_rows_then_weights on threading: each
+ * thread's rows past the few, and the multiply-adds worth a split. Unlike a
+ * chain's, whatever its weights: GeGLU 768 -> 3072 -> 768 at 256 tokens,
+ * where each thread packs every block of its 7M weights for its rows
+ * (gated_rows_then_weights), ran faster. */
+static int FN(splits_gated_rows_then_weights)(const fmlp_cpu_gated_block_backward_args *a,
+                                              const fmlp_threading *threading) {
+  int64_t multiply_adds;
+  if (threading == NULL || !FN(rows_split_fits)(a->rows, threading->n_threads)) return 0;
+  if (!fmlp_checked_mul(2 * a->rows * a->hidden, 2 * a->dim + a->out_dim, &multiply_adds)) {
+    multiply_adds = INT64_MAX;
+  }
+  return multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS;
+}
+
+static fmlp_status FN(gated_backward_rows_then_weights)(
+    const fmlp_cpu_gated_block_backward_args *a, const fmlp_threading *threading) {
+  const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
+  const int64_t n_tasks = threading->n_threads;
+  FN(gated_rows_then_weights) bw = {.args = a};
+  FN(pack_need) need = {0, 0};
+  FN(need_task_products)(&need, rows, out, n_tasks); /* grad_product */
+  FN(need_task_products)(&need, rows, h, n_tasks);   /* grad_x, from_up */
+  FN(need_task_products)(&need, out, rows, n_tasks); /* grad_W_down */
+  FN(need_task_products)(&need, h, rows, n_tasks);   /* grad_W_gate, grad_W_up */
+  FN(advise_output)(a->grad_w_gate, h, dim, dim);
+  FN(advise_output)(a->grad_w_up, h, dim, dim);
+  FN(advise_output)(a->grad_w_down, out, h, h);
+  FN(column_split) split = {NULL, NULL, 0};
+  fmlp_status status = FN(backward_split)(threading, INT64_MAX, 0,
+                                          FN(pack_need_elems)(&need, &bw.weight_block_at), &split);
+  bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
+  bw.from_up = fmlp_alloc_matrices(1, rows, dim, sizeof(STORE));
+  if (status == FMLP_OK && (bw.grad_gate == NULL || bw.from_up == NULL)) {
+    status = FMLP_ERR_OUT_OF_MEMORY;
+  }
+  if (status == FMLP_OK) {
+    bw.grad_up = bw.grad_gate + rows * h;
+    FN(run_column_stages)(&split, 2, FN(gated_rows_then_weights_part), &bw, split.packs);
+  }
+  free(bw.from_up);
+  free(bw.grad_gate);
+  free(split.packs);
+  return status;
+}
+
 /* ---- a chain's backward ---- */
 
 /* A chain's backward over many rows. Per layer l, from the last: grad_pre_l
@@ -1060,8 +1326,11 @@ fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
 #if FMLP_TRANSPOSED_KERNELS
   if (FN(few_rows_backward_fits)(a)) return FN(chain_backward_columns)(a, 1, threading);
 #endif
-  if (a->rows <= BACKWARD_COLUMNS_MAX_ROWS) return FN(chain_backward_columns)(a, 0, threading);
-  return FN(chain_backward_rows)(a, threading);
+  if (a->rows > BACKWARD_COLUMNS_MAX_ROWS) return FN(chain_backward_rows)(a, threading);
+  if (FN(splits_rows_then_weights)(a, threading)) {
+    return FN(chain_backward_rows_then_weights)(a, threading);
+  }
+  return FN(chain_backward_columns)(a, 0, threading);
 }
 
 /* ---- the gated block's backward ---- */
@@ -1223,6 +1492,9 @@ fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backwar
 #if FMLP_TRANSPOSED_KERNELS
   if (FN(few_rows_gated_fits)(a)) return FN(gated_backward_columns)(a, 1, threading);
 #endif
-  if (a->rows <= BACKWARD_COLUMNS_MAX_ROWS) return FN(gated_backward_columns)(a, 0, threading);
-  return FN(gated_backward_rows)(a, threading);
+  if (a->rows > BACKWARD_COLUMNS_MAX_ROWS) return FN(gated_backward_rows)(a, threading);
+  if (FN(splits_gated_rows_then_weights)(a, threading)) {
+    return FN(gated_backward_rows_then_weights)(a, threading);
+  }
+  return FN(gated_backward_columns)(a, 0, threading);
 }

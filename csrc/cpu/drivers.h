@@ -147,14 +147,45 @@ static int FN(packs_just_in_time)(int64_t rows, int64_t weight_elems) {
                                                                  : GEMM_JIT_MAX_ROWS);
 }
 
+/* Whether `rows` rows cut into `threads` blocks of whole tiles leave each
+ * past the few rows that read weights in place: the smallest block, of
+ * tiles / threads tiles at least, is cut at rows when last. */
+static int FN(rows_split_fits)(int64_t rows, int64_t threads) {
+  return threads > 1 &&
+         ((rows + GEMM_MR - 1) / GEMM_MR / threads - 1) * GEMM_MR >= GEMM_UNPACKED_MAX_ROWS;
+}
+
+/* Rows a block of an op that packs its weights just in time
+ * (packs_just_in_time): all of them, its products' columns then split over
+ * the threads in stages (splits_columns), unless its weights are small (under
+ * GEMM_JIT_LARGE_MULTIPLY_ADDS a row) and each of `threads` blocks of whole
+ * tiles would be past the few rows that read weights in place: then a
+ * thread's share. Each thread then packs every weight block for its rows,
+ * where the column split packs each once, but no stage waits for a thread
+ * that another process holds up, no core reads the inputs another wrote, and
+ * there is no stage packing them. Measured on a 2-vCPU Zen 4 VM (C harness,
+ * split/blocks builds alternating call by call in one process, 2 OpenMP
+ * threads, wall time; machine loaded, load average 2-4 on 2 cores): the
+ * forward of bench train_step (256 x 512^3 ReLU saving for backward), median
+ * of 300 rounds' ratios 0.90-0.92x over three runs, fastest call 2.2-2.4 ms
+ * against 2.3-3.4; a probe of the split's fastest call had each stage's
+ * product take 0.82-0.94 ms a thread, where a thread's share of one thread's
+ * product is 0.74 ms (the blocks ran 0.74), and each input-packing stage
+ * 0.04-0.13 ms. The few rows stay one block: the transposed kernel puts rows
+ * in vector lanes, and splitting them would leave lanes empty. */
+static int64_t FN(jit_block_rows)(int64_t rows, int64_t threads, int64_t weight_elems) {
+  if (weight_elems >= GEMM_JIT_LARGE_MULTIPLY_ADDS || !FN(rows_split_fits)(rows, threads)) {
+    return rows;
+  }
+  return ((rows + GEMM_MR - 1) / GEMM_MR + threads - 1) / threads * GEMM_MR;
+}
+
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
                                      int64_t activation_elems_per_row, int64_t least_rows) {
   const int64_t threads = n_threads > 0 ? n_threads : 1;
-  /* Weights read in place (few rows) or packed just in time: one block
-   * (the transposed kernel puts rows in vector lanes, and splitting them
-   * would leave lanes empty; a weight block packed just in time serves all
-   * the rows). */
-  if (FN(packs_just_in_time)(rows, weight_elems)) return rows;
+  if (FN(packs_just_in_time)(rows, weight_elems)) {
+    return FN(jit_block_rows)(rows, threads, weight_elems);
+  }
   const int64_t per_thread = (rows + threads - 1) / threads;
   /* Several blocks a thread, so the task queue can balance a slowed thread;
    * each block re-reads the weights, a few percent at these sizes. */
