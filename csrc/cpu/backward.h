@@ -1025,6 +1025,26 @@ static void FN(columns_gated_part)(const void *block, int64_t stage, int64_t tas
   if (!packed) FN(gated_input_columns)(bw, 2, packs, j0, count, task_pack);
 }
 
+/* Huge-page advice for a gated block's three weight gradients, before their
+ * first write. */
+static void FN(advise_gated_weight_grads)(const fmlp_cpu_gated_block_backward_args *a) {
+  FN(advise_output)(a->grad_w_gate, a->hidden, a->dim, a->dim);
+  FN(advise_output)(a->grad_w_up, a->hidden, a->dim, a->dim);
+  FN(advise_output)(a->grad_w_down, a->out_dim, a->hidden, a->hidden);
+}
+
+/* A gated backward's scratch: grad_gate and grad_up (rows x hidden each, one
+ * allocation, freed through *grad_gate) and from_up (rows x dim). 0 where an
+ * allocation failed; free both pointers either way. */
+static int FN(alloc_gated_scratch)(const fmlp_cpu_gated_block_backward_args *a,
+                                   STORE **grad_gate, STORE **grad_up, STORE **from_up) {
+  *grad_gate = fmlp_alloc_matrices(2, a->rows, a->hidden, sizeof(STORE));
+  *from_up = fmlp_alloc_matrices(1, a->rows, a->dim, sizeof(STORE));
+  if (*grad_gate == NULL || *from_up == NULL) return 0;
+  *grad_up = *grad_gate + a->rows * a->hidden;
+  return 1;
+}
+
 /* A gated block's backward over up to BACKWARD_COLUMNS_MAX_ROWS rows;
  * few_rows: its products read b in place (few_rows_gated_fits). */
 static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backward_args *a,
@@ -1041,19 +1061,13 @@ static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backwar
   int64_t shared_elems = bw.dx_at, multiply_adds;
   FN(add_elems)(&shared_elems, dx_elems);
   if (!fmlp_checked_mul(2 * rows * h, 2 * dim + out, &multiply_adds)) multiply_adds = INT64_MAX;
-  FN(advise_output)(a->grad_w_gate, h, dim, dim);
-  FN(advise_output)(a->grad_w_up, h, dim, dim);
-  FN(advise_output)(a->grad_w_down, out, h, h);
+  FN(advise_gated_weight_grads)(a);
   FN(column_split) split = {NULL, NULL, 0};
   fmlp_status status = FN(columns_split)(threading, multiply_adds, few_rows, &need, shared_elems,
                                          &bw.weight_block_at, &bw.shared, &split);
-  bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
-  bw.from_up = fmlp_alloc_matrices(1, rows, dim, sizeof(STORE));
-  if (status == FMLP_OK && (bw.grad_gate == NULL || bw.from_up == NULL)) {
-    status = FMLP_ERR_OUT_OF_MEMORY;
-  }
+  const int scratch = FN(alloc_gated_scratch)(a, &bw.grad_gate, &bw.grad_up, &bw.from_up);
+  if (status == FMLP_OK && !scratch) status = FMLP_ERR_OUT_OF_MEMORY;
   if (status == FMLP_OK) {
-    bw.grad_up = bw.grad_gate + rows * h;
     FN(run_column_stages)(&split, few_rows ? 2 : 6, FN(columns_gated_part), &bw, split.packs);
   }
   free(bw.from_up);
@@ -1149,7 +1163,7 @@ static int FN(splits_gated_rows_then_weights)(const fmlp_cpu_gated_block_backwar
 
 static fmlp_status FN(gated_backward_rows_then_weights)(
     const fmlp_cpu_gated_block_backward_args *a, const fmlp_threading *threading) {
-  const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
+  const int64_t rows = a->rows, h = a->hidden, out = a->out_dim;
   const int64_t n_tasks = threading->n_threads;
   FN(gated_rows_then_weights) bw = {.args = a};
   FN(pack_need) need = {0, 0};
@@ -1157,19 +1171,13 @@ static fmlp_status FN(gated_backward_rows_then_weights)(
   FN(need_task_products)(&need, rows, h, n_tasks);   /* grad_x, from_up */
   FN(need_task_products)(&need, out, rows, n_tasks); /* grad_W_down */
   FN(need_task_products)(&need, h, rows, n_tasks);   /* grad_W_gate, grad_W_up */
-  FN(advise_output)(a->grad_w_gate, h, dim, dim);
-  FN(advise_output)(a->grad_w_up, h, dim, dim);
-  FN(advise_output)(a->grad_w_down, out, h, h);
+  FN(advise_gated_weight_grads)(a);
   FN(column_split) split = {NULL, NULL, 0};
   fmlp_status status = FN(backward_split)(threading, INT64_MAX, 0,
                                           FN(pack_need_elems)(&need, &bw.weight_block_at), &split);
-  bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
-  bw.from_up = fmlp_alloc_matrices(1, rows, dim, sizeof(STORE));
-  if (status == FMLP_OK && (bw.grad_gate == NULL || bw.from_up == NULL)) {
-    status = FMLP_ERR_OUT_OF_MEMORY;
-  }
+  const int scratch = FN(alloc_gated_scratch)(a, &bw.grad_gate, &bw.grad_up, &bw.from_up);
+  if (status == FMLP_OK && !scratch) status = FMLP_ERR_OUT_OF_MEMORY;
   if (status == FMLP_OK) {
-    bw.grad_up = bw.grad_gate + rows * h;
     FN(run_column_stages)(&split, 2, FN(gated_rows_then_weights_part), &bw, split.packs);
   }
   free(bw.from_up);
@@ -1443,15 +1451,13 @@ static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_a
   if (!fmlp_checked_mul(2 * rows * h, 2 * dim + out, &multiply_adds)) multiply_adds = INT64_MAX;
   FN(rows_gated_backward) bw = {.args = a};
   REAL *packs = fmlp_alloc_scratch(pack_elems, sizeof(REAL));
-  bw.grad_gate = fmlp_alloc_matrices(2, rows, h, sizeof(STORE));
-  bw.from_up = fmlp_alloc_matrices(1, rows, dim, sizeof(STORE));
+  const int scratch = FN(alloc_gated_scratch)(a, &bw.grad_gate, &bw.grad_up, &bw.from_up);
   bw.partial = fmlp_alloc_matrices(FN(sum_chunks)(rows), 1, partial_cols, sizeof(REAL));
   fmlp_status status = FMLP_OK;
   FN(column_split) split = {NULL, NULL, 0};
-  if (packs == NULL || bw.grad_gate == NULL || bw.from_up == NULL || bw.partial == NULL) {
+  if (packs == NULL || !scratch || bw.partial == NULL) {
     status = FMLP_ERR_OUT_OF_MEMORY;
   } else {
-    bw.grad_up = bw.grad_gate + rows * h;
     const fmlp_input grad_y = {a->grad_y, out, 1}, product = {a->saved_product, h, 1};
     const fmlp_input grad_gate = {bw.grad_gate, h, 1}, grad_up = {bw.grad_up, h, 1};
     bw.w_down = FN(split_product_of)(FN(transposed)(grad_y), out, FN(transposed)(product), h,
@@ -1466,9 +1472,7 @@ static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_a
                                      a->grad_x, packs);
     bw.w_up = FN(split_product_of)(grad_up, rows, FN(transposed)(a->w_up), dim, h,
                                    a->grad_x != NULL ? bw.from_up : NULL, packs);
-    FN(advise_output)(a->grad_w_gate, h, dim, dim);
-    FN(advise_output)(a->grad_w_up, h, dim, dim);
-    FN(advise_output)(a->grad_w_down, out, h, h);
+    FN(advise_gated_weight_grads)(a);
     int64_t input_pack = 0;
     const FN(split_product) *products[] = {&bw.w_down, &bw.product, &bw.gate_x,
                                            &bw.up_x,   &bw.w_gate,  &bw.w_up};
