@@ -793,12 +793,8 @@ static STORE *FN(layer_grad_pre)(const FN(rows_then_weights) *bw, int64_t l) {
 static int FN(splits_rows_then_weights)(const fmlp_cpu_chain_backward_args *a,
                                         const fmlp_threading *threading) {
   if (threading == NULL || threading->n_threads < 2) return 0;
-  int64_t weight_elems = 0, multiply_adds;
-  for (int64_t l = 0; l < a->n_layers; ++l) {
-    int64_t layer;
-    if (!fmlp_checked_mul(a->widths[l + 1], a->widths[l], &layer)) layer = -1;
-    FN(add_elems)(&weight_elems, layer);
-  }
+  const int64_t weight_elems = FN(chain_weight_elems)(a->widths, a->n_layers);
+  int64_t multiply_adds;
   /* past int64_t: weights far past GEMM_JIT_LARGE_MULTIPLY_ADDS, never split by rows */
   if (weight_elems < 0 || !fmlp_checked_mul(2 * a->rows, weight_elems, &multiply_adds)) return 0;
   return multiply_adds >= COLUMN_SPLIT_MIN_MULTIPLY_ADDS &&
@@ -861,12 +857,10 @@ static void FN(rows_then_weights_part)(const void *block, int64_t stage, int64_t
   if (count == 0) return;
   const int64_t top_width = a->widths[top + 1];
   if (a->final_activation != FMLP_ACT_NONE) {
-    STORE *grad_pre = FN(layer_grad_pre)(bw, top);
     const STORE *grad_y = a->grad_y, *pre = a->saved_pre[top];
-    for (int64_t r = first; r < first + count; ++r) {
-      FN(activation_grad_span)(grad_pre + r * top_width, grad_y + r * top_width,
-                               pre + r * top_width, top_width, a->final_activation);
-    }
+    const int64_t at = first * top_width; /* the task's rows lie next to each other */
+    FN(activation_grad_span)(FN(layer_grad_pre)(bw, top) + at, grad_y + at, pre + at,
+                             count * top_width, a->final_activation);
   }
   for (int64_t l = top; l >= 0; --l) {
     const int64_t width = a->widths[l + 1], k = a->widths[l];
@@ -876,10 +870,8 @@ static void FN(rows_then_weights_part)(const void *block, int64_t stage, int64_t
                      FN(transposed)(a->weights[l]), k, width, below, task_pack, weight_block);
     if (l == 0 || a->hidden_activation == FMLP_ACT_NONE) continue;
     const STORE *pre = a->saved_pre[l - 1];
-    for (int64_t r = first; r < first + count; ++r) {
-      FN(activation_grad_span)(below + r * k, below + r * k, pre + r * k, k,
-                               a->hidden_activation);
-    }
+    const int64_t at = first * k;
+    FN(activation_grad_span)(below + at, below + at, pre + at, count * k, a->hidden_activation);
   }
 }
 

@@ -180,6 +180,19 @@ static int64_t FN(jit_block_rows)(int64_t rows, int64_t threads, int64_t weight_
   return ((rows + GEMM_MR - 1) / GEMM_MR + threads - 1) / threads * GEMM_MR;
 }
 
+/* A chain's multiply-adds a row: its layers' weights, widths[l + 1] x
+ * widths[l] each; -1 past int64_t. */
+static int64_t FN(chain_weight_elems)(const int64_t *widths, int64_t n_layers) {
+  int64_t elems = 0, layer;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    if (!fmlp_checked_mul(widths[l + 1], widths[l], &layer) ||
+        !fmlp_checked_add(elems, layer, &elems)) {
+      return -1;
+    }
+  }
+  return elems;
+}
+
 static int64_t FN(choose_block_rows)(int64_t rows, int64_t n_threads, int64_t weight_elems,
                                      int64_t activation_elems_per_row, int64_t least_rows) {
   const int64_t threads = n_threads > 0 ? n_threads : 1;
@@ -711,8 +724,8 @@ fmlp_status FN(fmlp_cpu_chain)(const fmlp_cpu_chain_args *a, const fmlp_threadin
       FN(advise_output)(a->saved_hidden[l], a->rows, width, width);
     }
   }
-  int64_t weight_elems = 0;
-  for (int64_t l = 0; l < a->n_layers; ++l) weight_elems += a->widths[l + 1] * a->widths[l];
+  const int64_t weight_elems = FN(chain_weight_elems)(a->widths, a->n_layers);
+  if (weight_elems < 0) return FMLP_ERR_SIZE_OVERFLOW;
   const int just_in_time = FN(packs_just_in_time)(a->rows, weight_elems);
   FN(packed_weight) *packed = calloc((size_t)a->n_layers, sizeof(*packed));
   if (packed == NULL) return FMLP_ERR_OUT_OF_MEMORY;
