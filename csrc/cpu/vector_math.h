@@ -13,9 +13,10 @@
  * storage_bf16.h) round every result to 8 significant bits, so they take
  * cheaper forms whose error stays ~400 times inside half a bf16 ulp: exp's
  * polynomial is a degree-4 minimax one (max relative error 5.3e-6 instead of
- * ~1e-7), and erf-GELU is x Phi(x) with Phi(-|x|) = erfc(|x|/sqrt2)/2 from
- * the same A-S terms, picked or subtracted from 1 by the sign of x: fewer
- * operations than 0.5 x (1 + erf) and no cancellation for negative x. NaN,
+ * ~1e-7), and erf-GELU is x Phi(x) with Phi(-|x|) = erfc(|x|/sqrt2)/2,
+ * picked or subtracted from 1 by the sign of x: fewer operations than
+ * 0.5 x (1 + erf) and no cancellation for negative x. That tail takes A-S's
+ * t but a polynomial fitted for relative error (v_erfc_tail_poly). NaN,
  * +-inf and -0 come out as in the float units (tests/test_activation_bf16.py).
  * The float units keep the forms above. */
 #include <math.h>
@@ -103,18 +104,17 @@ static inline vreal FN(v_exp_nonpositive)(vreal x) {
 }
 
 /* A-S 7.1.26: erfc(a) = t p(t) exp(-a^2) for a >= 0, with t from
- * v_erfc_t(a); v_erfc_poly is p(t) scale, the factor folded into p's
- * coefficients. */
+ * v_erfc_t(a) and p(t) from v_erfc_poly. */
 static inline vreal FN(v_erfc_t)(vreal a) {
   const vreal one = v_set1(1.0f);
   return v_div(one, v_fma(v_set1(0.3275911f), a, one));
 }
-static inline vreal FN(v_erfc_poly)(vreal t, float scale) {
-  vreal r = v_set1(1.061405429f * scale);
-  r = v_fma(r, t, v_set1(-1.453152027f * scale));
-  r = v_fma(r, t, v_set1(1.421413741f * scale));
-  r = v_fma(r, t, v_set1(-0.284496736f * scale));
-  return v_fma(r, t, v_set1(0.254829592f * scale));
+static inline vreal FN(v_erfc_poly)(vreal t) {
+  vreal r = v_set1(1.061405429f);
+  r = v_fma(r, t, v_set1(-1.453152027f));
+  r = v_fma(r, t, v_set1(1.421413741f));
+  r = v_fma(r, t, v_set1(-0.284496736f));
+  return v_fma(r, t, v_set1(0.254829592f));
 }
 
 /* erf(x) = 1 - erfc(|x|) with x's sign from e = exp(-x^2), in PyTorch's
@@ -122,7 +122,7 @@ static inline vreal FN(v_erfc_poly)(vreal t, float scale) {
  * xor. */
 static inline vreal FN(v_erf_given_exp)(vreal x, vreal e) {
   const vreal t = FN(v_erfc_t)(v_abs(x));
-  return v_flip_sign(v_fnma(FN(v_erfc_poly)(t, 1.0f), v_mul(t, e), v_set1(1.0f)), x);
+  return v_flip_sign(v_fnma(FN(v_erfc_poly)(t), v_mul(t, e), v_set1(1.0f)), x);
 }
 
 /* exp(-x^2) skips the underflow select: for |x| > 9.34 it is exp(-87.33)
@@ -138,6 +138,33 @@ static inline vreal FN(v_relu)(vreal v) {
 }
 
 #if STORE_ROUNDS_TO_BF16
+/* erfc(a) = t q(t) exp(-a^2) for a >= 0 and t from v_erfc_t(a), with q of
+ * degree 7 fitted for the least relative error over a in [0, 9.5]
+ * (scripts/fit_erfc_tail.py): at most 1.8e-7, where A-S's p(t), fitted for
+ * absolute error, is 9e-4 off at a = 3.2 and 4% at 9.5, whole bfloat16 ulps
+ * of a tail that eager's GELU (ATen's AVX2 code) rounds right: GELU(-4.47)
+ * rounded the other way (tests/test_activation_bf16.py on an AVX2-only AMD
+ * Zen 3). Returns q(t) scale. */
+static inline vreal FN(v_erfc_tail_poly)(vreal t, float scale) {
+  static const float q[] = {1.850621998e-01f, 1.805943847e-01f, 2.067081183e-01f,
+                            2.278902195e-02f, 4.581696093e-01f, -4.112206101e-01f,
+                            4.997600615e-01f, -1.418626606e-01f};
+  vreal r = v_set1(q[7] * scale);
+  for (int i = 6; i >= 0; --i) r = v_fma(r, t, v_set1(q[i] * scale));
+  return r;
+}
+
+/* exp(x) for x <= 0 or NaN down into float's subnormals, where
+ * v_exp_nonpositive gives 0: exp(x + 24 ln2) 2^-24 (the shifted argument
+ * stays far below the overflow). The normal tail needs them: GELU's slope
+ * z phi(z) at z = -13.25 is a normal float while exp(-z^2 / 2) is not, and
+ * came out 0, 217 bfloat16 ulps off; GELU(z) itself is a bfloat16 subnormal
+ * down to z = -13.6. */
+static inline vreal FN(v_exp_nonpositive_gradual)(vreal x) {
+  const vreal shifted = v_add(x, v_set1(16.635532333438687f));
+  return v_mul(FN(v_exp_nonpositive)(shifted), v_set1(0x1p-24f));
+}
+
 /* Phi(z), the standard normal's CDF, and (*e) exp(-z^2 / 2), the normal
  * density's exp, which it takes from the tail Phi(-|z|) = erfc(|z| / sqrt2)
  * / 2, kept or subtracted from 1 by the sign of z: 0.5 (1 + erf) cancels for
@@ -146,8 +173,8 @@ static inline vreal FN(v_relu)(vreal v) {
 static inline vreal FN(v_normal_cdf_and_exp)(vreal z, vreal *e) {
   const vreal a = v_abs(v_mul(z, v_set1(0.70710678118654752f)));
   const vreal t = FN(v_erfc_t)(a);
-  *e = FN(v_exp_nonpositive)(v_sub(v_zero(), v_mul(a, a)));
-  const vreal tail = v_mul(v_mul(FN(v_erfc_poly)(t, 0.5f), t), *e);
+  *e = FN(v_exp_nonpositive_gradual)(v_sub(v_zero(), v_mul(a, a)));
+  const vreal tail = v_mul(v_mul(FN(v_erfc_tail_poly)(t, 0.5f), t), *e);
   return v_select_greater(z, v_zero(), v_sub(v_set1(1.0f), tail), tail);
 }
 #endif
