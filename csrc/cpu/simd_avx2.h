@@ -26,7 +26,14 @@ static inline vmask v_first_lanes(int64_t n) {
 static inline vreal v_load_first(const float *p, int64_t n) {
   return _mm256_maskload_ps(p, v_first_lanes(n));
 }
+/* A whole vector takes a plain store: AMD's Zen 2 and 3 run vmaskmovps to
+ * memory as microcode, about a dozen cycles each, where packing stores whole
+ * vectors through this nearly always (the weight and input panels). */
 static inline void v_store_first(float *p, vreal v, int64_t n) {
+  if (n >= FMLP_SIMD_WIDTH) {
+    _mm256_storeu_ps(p, v);
+    return;
+  }
   _mm256_maskstore_ps(p, v_first_lanes(n), v);
 }
 static inline vreal v_add(vreal a, vreal b) { return _mm256_add_ps(a, b); }
