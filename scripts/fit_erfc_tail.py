@@ -2,8 +2,8 @@
 v_erfc_tail_poly): erfc(a) = t q(t) exp(-a^2) with t = 1 / (1 + P a), q of degree DEGREE,
 for the least relative error over a in [0, A_MAX] (past it exp(-a^2) is no normal float),
 by least squares, each round weighted by the last round's residuals so that the largest
-errors shrink towards an even, near-minimax spread. Prints the coefficients, lowest degree first, and the fit's worst relative
-error in float64:
+errors shrink towards an even, near-minimax spread. Prints the coefficients, lowest degree
+first, and the fit's worst relative error in float64:
 
     python scripts/fit_erfc_tail.py"""
 
