@@ -9,7 +9,10 @@ rounding."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import re
+from pathlib import Path
 
 import fusedmlp
 import pytest
@@ -98,3 +101,23 @@ def test_activation_as_accurate_as_eager(isa, activation):
         )
         share, eager_share = (error > 0.5).double().mean(), (eager_error > 0.5).double().mean()
         assert share <= eager_share + SHARE_SLACK, (name, share.item(), eager_share.item())
+
+
+def test_the_tail_polynomial_is_the_fit_scripts():
+    """vector_math.h's v_erfc_tail_poly coefficients are what scripts/fit_erfc_tail.py derives,
+    and the fit's worst relative error is the one the header states (1.8e-7)."""
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location(
+        "fit_erfc_tail", root / "scripts" / "fit_erfc_tail.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    coefficients, worst = script.fit()
+    header = (root / "csrc" / "cpu" / "vector_math.h").read_text()
+    table = re.search(r"v_erfc_tail_poly\b.*?q\[\] = \{(.*?)\};", header, re.S)
+    assert table is not None
+    in_header = torch.tensor([float(c.strip().rstrip("f")) for c in table.group(1).split(",")])
+    # a float32 ulp or two: another BLAS's least squares may round a last bit the other way
+    torch.testing.assert_close(in_header, coefficients.float(), rtol=2.5e-7, atol=0.0)
+    assert worst <= 1.8e-7

@@ -27,8 +27,8 @@ static inline vreal v_load_first(const float *p, int64_t n) {
   return _mm256_maskload_ps(p, v_first_lanes(n));
 }
 /* A whole vector takes a plain store: AMD's Zen 2 and 3 run vmaskmovps to
- * memory as microcode, about a dozen cycles each, where packing stores whole
- * vectors through this nearly always (the weight and input panels). */
+ * memory as microcode, about a dozen cycles each, and the weight panels'
+ * packing stores whole vectors through this nearly always. */
 static inline void v_store_first(float *p, vreal v, int64_t n) {
   if (n >= FMLP_SIMD_WIDTH) {
     _mm256_storeu_ps(p, v);
