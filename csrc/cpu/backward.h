@@ -262,8 +262,10 @@ static void FN(run_rows_stages)(const FN(column_split) *split, int64_t n_stages,
  * packed or transposed. Each output element sums over K in order in one
  * lane, whichever task computes it: gradients are bit-identical at any
  * thread count. */
+#ifndef SMALL_PRODUCT_MR /* a unit's tile header may set its own */
 #define SMALL_PRODUCT_MR 4
 #define SMALL_PRODUCT_NV (FMLP_SIMD_REGISTERS >= 32 ? 4 : 2)
+#endif
 
 /* K blocks of SMALL_PRODUCT_KC keep b's block in the L2 while every row tile
  * passes over it: a 16-row dX over a 3072 x 768 weight would otherwise
@@ -343,17 +345,28 @@ static FMLP_ALWAYS_INLINE void FN(small_product_tile)(int64_t tile_rows, int64_t
 }
 
 /* Whole tiles (every row and vector inside c) and edge tiles as separate
- * copies of the tile, so the whole tiles' loops have constant bounds. */
-static void FN(small_product_whole_tile)(int64_t kc, const STORE *a, int64_t a_rs, int64_t a_cs,
-                                         const STORE *b, int64_t ldb, STORE *c, int64_t ldc,
-                                         int accumulate) {
+ * copies of the tile, so the whole tiles' loops have constant bounds; out of
+ * line where the unit's tile header asks (SMALL_PRODUCT_OUT_OF_LINE). */
+#ifdef SMALL_PRODUCT_OUT_OF_LINE
+#define SMALL_PRODUCT_TILE_ATTRIBUTES __attribute__((noinline))
+#else
+#define SMALL_PRODUCT_TILE_ATTRIBUTES
+#endif
+static SMALL_PRODUCT_TILE_ATTRIBUTES void FN(small_product_whole_tile)(int64_t kc, const STORE *a,
+                                                                   int64_t a_rs, int64_t a_cs,
+                                                                   const STORE *b, int64_t ldb,
+                                                                   STORE *c, int64_t ldc,
+                                                                   int accumulate) {
   FN(small_product_tile)(SMALL_PRODUCT_MR, kc, a, a_rs, a_cs, b, ldb, c, ldc,
                          SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH, accumulate);
 }
 
-static void FN(small_product_edge_tile)(int64_t tile_rows, int64_t kc, const STORE *a,
-                                        int64_t a_rs, int64_t a_cs, const STORE *b, int64_t ldb,
-                                        STORE *c, int64_t ldc, int64_t cols, int accumulate) {
+static SMALL_PRODUCT_TILE_ATTRIBUTES void FN(small_product_edge_tile)(int64_t tile_rows, int64_t kc,
+                                                                  const STORE *a, int64_t a_rs,
+                                                                  int64_t a_cs, const STORE *b,
+                                                                  int64_t ldb, STORE *c,
+                                                                  int64_t ldc, int64_t cols,
+                                                                  int accumulate) {
   FN(small_product_tile)(tile_rows, kc, a, a_rs, a_cs, b, ldb, c, ldc, cols, accumulate);
 }
 
