@@ -12,7 +12,8 @@
  * rows and the GeGLU block at 1024 tokens (row blocks cut as for two
  * threads, run one after another on this one; `mlp_layers` adds the study
  * MLP's three layers each alone, rows cut alike), the GeGLU block at 256
- * tokens, and (`gated4096`) at 4096 tokens, weights packed ahead. `ksweep`:
+ * tokens, and (`gated4096`) at 4096 tokens, weights packed ahead. `few`:
+ * linear 768 -> 3072 GELU at 1 to 6 rows. `ksweep`:
  * see k_sweep_cases. The training benches' float32 backwards on one thread:
  * `backward`, bench train_step's 256 x 512^3 and train_small's 16 x 256^3
  * ReLU chains without grad_x, and each one's dW and dX products alone;
@@ -148,6 +149,13 @@ static void linear_cases(int rounds, int64_t rows) {
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
     linear_case(rounds, rows, shapes[s][0], shapes[s][1], NULL);
   }
+}
+
+/* One to six rows (token decoding in small batches), each its own linear
+ * 768 -> 3072 GELU: the dot-product tiles up to DOT_MAX_ROWS rows, the
+ * transposed ones past it. */
+static void few_rows_cases(int rounds) {
+  for (int64_t rows = 1; rows <= 6; ++rows) linear_case(rounds, rows, 768, 3072, NULL);
 }
 
 static void mlp_case(int rounds, int layers) {
@@ -306,6 +314,7 @@ int main(int argc, char **argv) {
   printf("one thread, %d rounds, B/A of the float32 %s unit\n", rounds, STRING(ISA));
   if (names(cases, "linear")) linear_cases(rounds, 512);
   if (names(cases, "linear1024")) linear_cases(rounds, 1024);
+  if (names(cases, "few")) few_rows_cases(rounds);
   if (names(cases, "mlp") || names(cases, "mlp_layers")) {
     mlp_case(rounds, names(cases, "mlp_layers"));
   }

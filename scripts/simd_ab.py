@@ -8,8 +8,9 @@ process they see the same load:
 
     PYTHONPATH=python python scripts/simd_ab.py ISA VARIANT_DIR [ROUNDS [CASES]]
 
-CASES: a comma-separated subset of linear,linear1024,mlp,mlp_layers,gated,gated4096,ksweep,
-backward,gated_backward (default linear,mlp,gated; mlp_layers is mlp and then its three layers
+CASES: a comma-separated subset of linear,linear1024,few,mlp,mlp_layers,gated,gated4096,ksweep,
+backward,gated_backward (default linear,mlp,gated; few is linear 768 -> 3072 at 1 to 6 rows,
+token decoding in small batches; mlp_layers is mlp and then its three layers
 each alone, linear1024 is linear's shapes at 1024 rows, gated4096
 the GeGLU block at 4096 tokens with its weights packed ahead, ksweep single products at K = 768,
 1024 and 3072, backward and gated_backward the training benches' float32 backwards). A header

@@ -455,6 +455,11 @@ static void FN(microkernel_transposed_narrow)(int64_t k, const void *const *w_ro
  * weight streams through once. out[r][j] = x_rows[r] . w_rows[j]. */
 #define DOT_MAX_ROWS 4
 #define DOT_WEIGHT_ROWS 4
+/* On AVX2 the 3- and 4-row tiles hold more accumulators than its 16
+ * registers and spill some to the stack every K step (objdump), yet they
+ * stream the weight once: sent to the transposed tiles instead (DOT_MAX_ROWS
+ * 2), 3 and 4 rows x 768 -> 3072 GELU took 1.80x and 1.31x the time
+ * (scripts/simd_ab.py few, Zen 3, one thread, 21 rounds). */
 
 /* dot_tile for n_x input rows, a constant in each caller: one token reads
  * its one row, not DOT_MAX_ROWS copies of it (4x the FMAs, which bound the
