@@ -289,11 +289,11 @@ static FMLP_ALWAYS_INLINE void FN(prefetch_store_row)(const STORE *row, int64_t 
   }
 }
 
-/* One row tile of c (tile_rows of SMALL_PRODUCT_MR rows, the rest computed
- * from row 0 and never stored) by up to SMALL_PRODUCT_NV vectors (cols), over
- * kc values of K: c = a @ b, or c += a @ b when accumulate. Whole vectors
- * load and store plainly, only the output's edge masked. */
-static FMLP_ALWAYS_INLINE void FN(small_product_tile)(int64_t tile_rows, int64_t kc,
+/* One row tile of c (rows of SMALL_PRODUCT_MR rows, a constant in each
+ * caller) by up to SMALL_PRODUCT_NV vectors (cols), over kc values of K: c =
+ * a @ b, or c += a @ b when accumulate. Whole vectors load and store plainly,
+ * only the output's edge masked. */
+static FMLP_ALWAYS_INLINE void FN(small_product_tile)(const int64_t rows, int64_t kc,
                                                       const STORE *a, int64_t a_rs,
                                                       int64_t a_cs, const STORE *b, int64_t ldb,
                                                       STORE *c, int64_t ldc, int64_t cols,
@@ -306,8 +306,9 @@ static FMLP_ALWAYS_INLINE void FN(small_product_tile)(int64_t tile_rows, int64_t
    * rounds: 0.853x, its dW 0.796x, dX 0.978x on a Zen 4; AVX2 level). */
 #pragma GCC unroll 8
   for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
-    a_rows[r] = a + (r < tile_rows ? r : 0) * a_rs;
-    const STORE *c_row = c + (r < tile_rows ? r : 0) * ldc;
+    if (r >= rows) break;
+    a_rows[r] = a + r * a_rs;
+    const STORE *c_row = c + r * ldc;
     for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
       const int64_t left = cols - v * FMLP_SIMD_WIDTH;
       acc[r][v] = !accumulate || left <= 0         ? v_zero()
@@ -325,13 +326,14 @@ static FMLP_ALWAYS_INLINE void FN(small_product_tile)(int64_t tile_rows, int64_t
                                       : v_zero();
     }
     for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
+      if (r >= rows) break;
       const vreal av = v_set1(to_real(a_rows[r][kk * a_cs]));
       for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) acc[r][v] = v_fma(av, bv[v], acc[r][v]);
     }
   }
 #pragma GCC unroll 8
   for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
-    if (r >= tile_rows) break;
+    if (r >= rows) break;
     STORE *c_row = c + r * ldc;
     for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
       const int64_t left = cols - v * FMLP_SIMD_WIDTH;
@@ -345,29 +347,31 @@ static FMLP_ALWAYS_INLINE void FN(small_product_tile)(int64_t tile_rows, int64_t
 }
 
 /* Whole tiles (every row and vector inside c) and edge tiles as separate
- * copies of the tile, so the whole tiles' loops have constant bounds; out of
- * line where the unit's tile header asks (SMALL_PRODUCT_OUT_OF_LINE). */
-#ifdef SMALL_PRODUCT_OUT_OF_LINE
-#define SMALL_PRODUCT_TILE_ATTRIBUTES __attribute__((noinline))
-#else
-#define SMALL_PRODUCT_TILE_ATTRIBUTES
-#endif
-static SMALL_PRODUCT_TILE_ATTRIBUTES void FN(small_product_whole_tile)(int64_t kc, const STORE *a,
-                                                                   int64_t a_rs, int64_t a_cs,
-                                                                   const STORE *b, int64_t ldb,
-                                                                   STORE *c, int64_t ldc,
-                                                                   int accumulate) {
+ * copies of the tile, so the whole tiles' loops have constant bounds; the
+ * edge tiles, a copy for each row count, out of line. */
+static void FN(small_product_whole_tile)(int64_t kc, const STORE *a, int64_t a_rs, int64_t a_cs,
+                                         const STORE *b, int64_t ldb, STORE *c, int64_t ldc,
+                                         int accumulate) {
   FN(small_product_tile)(SMALL_PRODUCT_MR, kc, a, a_rs, a_cs, b, ldb, c, ldc,
                          SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH, accumulate);
 }
 
-static SMALL_PRODUCT_TILE_ATTRIBUTES void FN(small_product_edge_tile)(int64_t tile_rows, int64_t kc,
+static __attribute__((noinline)) void FN(small_product_edge_tile)(int64_t tile_rows, int64_t kc,
                                                                   const STORE *a, int64_t a_rs,
                                                                   int64_t a_cs, const STORE *b,
                                                                   int64_t ldb, STORE *c,
                                                                   int64_t ldc, int64_t cols,
                                                                   int accumulate) {
-  FN(small_product_tile)(tile_rows, kc, a, a_rs, a_cs, b, ldb, c, ldc, cols, accumulate);
+  /* a copy of the tile for each row count, so that an edge of r rows costs r
+   * rows' FMAs: computing SMALL_PRODUCT_MR rows, the AVX2 unit's 4-row edge of
+   * a 16-row dX (tiles of 6, 6, 4) took 1.08x the time of the whole dX
+   * (scripts/simd_ab.py backward, Zen 3, one thread, 31 rounds) */
+#pragma GCC unroll 16
+  for (int64_t rows = 1; rows <= SMALL_PRODUCT_MR; ++rows) {
+    if (rows == tile_rows) {
+      FN(small_product_tile)(rows, kc, a, a_rs, a_cs, b, ldb, c, ldc, cols, accumulate);
+    }
+  }
 }
 
 /* c[i, j] = sum over kk of a[i * a_rs + kk * a_cs] * b[kk * ldb + j] for i in
@@ -376,10 +380,20 @@ static SMALL_PRODUCT_TILE_ATTRIBUTES void FN(small_product_edge_tile)(int64_t ti
  * of the L2, and each row tile sweeps a chunk's columns before the next row
  * tile starts: a dW (K = rows, m = a layer's width) then writes each of its
  * rows as one run, where a sweep down 64-column strips wrote 256 bytes to
- * every row (a page apart at 1024 columns) per strip. */
-static void FN(small_product_columns)(int64_t m, int64_t k, const STORE *a, int64_t a_rs,
-                                      int64_t a_cs, const STORE *b, int64_t ldb, STORE *c,
-                                      int64_t ldc, int64_t j0, int64_t count) {
+ * every row (a page apart at 1024 columns) per strip. Out of line, so that
+ * the tile's K loop is allocated registers here alone: inlined into
+ * product_columns, whose loops hold many values, GCC kept the AVX2 tile's
+ * row pointers on the stack and reloaded one for every broadcast (perf
+ * annotate; 16 x 256^3 ReLU backward 1.19x the time, its dW 1.13x, its dX
+ * 1.28x, scripts/simd_ab.py backward, Zen 3, one thread, 31 rounds), and
+ * the portable unit's loop spilled or not as unrelated code around it
+ * changed. */
+static __attribute__((noinline)) void FN(small_product_columns)(int64_t m, int64_t k,
+                                                                const STORE *a, int64_t a_rs,
+                                                                int64_t a_cs, const STORE *b,
+                                                                int64_t ldb, STORE *c,
+                                                                int64_t ldc, int64_t j0,
+                                                                int64_t count) {
   const int64_t tile_cols = SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH;
   for (int64_t kb = 0; kb < k || kb == 0; kb += SMALL_PRODUCT_KC) {
     const int64_t kc = k - kb < SMALL_PRODUCT_KC ? k - kb : SMALL_PRODUCT_KC;

@@ -17,18 +17,13 @@
  * weight lines in L1, ran 1.00-1.01x the time (scripts/simd_ab.py). */
 #define GATED_MR 6
 #define GATED_NR FMLP_SIMD_WIDTH
-/* A few-row backward product's tile (backward.h): the same 6 x 2 ymm, out
- * of line. Against it (scripts/simd_ab.py backward, Zen 3, one thread, 31
- * rounds alternating in one process; 16 x 256^3 ReLU backward, its dW, its
- * dX): the 4 x 2 of units without a tile of their own (8 accumulators, as
- * many as 2 pipes of 4-cycle FMAs keep busy) 1.11x the time, all three
- * alike; inlined into product_columns, whose loops hold many values, 1.19x,
- * 1.13x, 1.28x: GCC kept the tile's row pointers on the stack and reloaded
- * one for every broadcast (perf annotate). The portable unit's 4 x 2 tile
- * runs 0.94x the time inlined (same harness), and stays so. */
+/* A few-row backward product's tile (backward.h): the same 6 x 2 ymm. The
+ * 4 x 2 of units without a tile of their own (8 accumulators, as many as 2
+ * pipes of 4-cycle FMAs keep busy) took 1.11x the time (scripts/simd_ab.py
+ * backward, Zen 3, one thread, 31 rounds alternating in one process: 16 x
+ * 256^3 ReLU backward, its dW and its dX alike). */
 #define SMALL_PRODUCT_MR 6
 #define SMALL_PRODUCT_NV 2
-#define SMALL_PRODUCT_OUT_OF_LINE 1
 /* The float unit's packed micro-kernels stay out of line (microkernel_simd.h).
  * Inlined into gemm.h's block loops, the K loop's register allocation moves
  * with any change to those loops: a choose_blocks with one more argument put
