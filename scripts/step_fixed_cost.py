@@ -1,0 +1,89 @@
+"""How much of a small training step is fixed cost (issue 13): times bench train_small's step
+(`zero grads; model(x).sum().backward()` on a ReLU chain of 16 rows, eager and FusedMLP
+converted from it) at the case's width and at width 8, where the arithmetic is nothing and the
+step is the framework's fixed cost (autograd engine, op calls, Python), all four taking turns
+in every round, and prints the medians, fused/eager at each width, and the size-dependent parts
+(full width minus width 8) with their ratio:
+
+    PYTHONPATH=python python scripts/step_fixed_cost.py [WIDTH [ROUNDS [THREADS]]]
+
+A step's ratio cannot fall below fused's fixed cost over eager's whole step, however fast the
+kernels: the note of issue 13 quotes this script."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+from fusedmlp import convert
+from torch import nn
+
+ROWS = 16
+STEPS_PER_ROUND = 200
+
+
+def chain(width: int) -> nn.Sequential:
+    """bench train_small's model at `width`: three layers, ReLU between them."""
+    return nn.Sequential(
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+    )
+
+
+def step(model: nn.Module, x: torch.Tensor) -> None:
+    for p in model.parameters():
+        p.grad = None
+    model(x).sum().backward()
+
+
+def main() -> None:
+    width = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 15
+    if len(sys.argv) > 3:
+        torch.set_num_threads(int(sys.argv[3]))
+    torch.manual_seed(0)
+    variants: dict[str, tuple[nn.Module, torch.Tensor]] = {}
+    for w in (8, width):
+        eager = chain(w)
+        x = torch.randn(ROWS, w)
+        variants[f"eager {w}"] = (eager, x)
+        variants[f"fused {w}"] = (convert(eager), x)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for model, x in variants.values():
+        for _ in range(20):
+            step(model, x)
+    for _ in range(rounds):
+        for name, (model, x) in variants.items():
+            start = time.perf_counter()
+            for _ in range(STEPS_PER_ROUND):
+                step(model, x)
+            times[name].append((time.perf_counter() - start) / STEPS_PER_ROUND * 1e6)
+    us = {name: statistics.median(t) for name, t in times.items()}
+    print(
+        f"{ROWS} x ({width} -> {width} -> {width} -> {width}) ReLU training step, "
+        f"{torch.get_num_threads()} threads, medians of {rounds} rounds, us"
+    )
+    for name, value in us.items():
+        print(f"  {name:>12}: {value:8.1f}")
+    fused_part, eager_part = (
+        us[f"fused {width}"] - us["fused 8"],
+        us[f"eager {width}"] - us["eager 8"],
+    )
+    print(
+        f"fused/eager: {us[f'fused {width}'] / us[f'eager {width}']:.2f} at width {width}, "
+        f"{us['fused 8'] / us['eager 8']:.2f} at width 8 (the fixed cost)"
+    )
+    print(
+        f"above the fixed cost: fused {fused_part:.0f} us, eager {eager_part:.0f} us, "
+        f"{fused_part / eager_part:.2f}"
+    )
+    print(f"fused's fixed cost alone is {us['fused 8'] / us[f'eager {width}']:.2f} of eager's step")
+
+
+if __name__ == "__main__":
+    main()
