@@ -8,7 +8,7 @@ in every round, and prints the medians, fused/eager at each width, and the size-
     PYTHONPATH=python python scripts/step_fixed_cost.py [WIDTH [ROUNDS [THREADS]]]
 
 A step's ratio cannot fall below fused's fixed cost over eager's whole step, however fast the
-kernels: the note of issue 13 quotes this script."""
+kernels (README, the Zen 3 sweeps)."""
 
 from __future__ import annotations
 
