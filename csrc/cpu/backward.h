@@ -289,10 +289,10 @@ static FMLP_ALWAYS_INLINE void FN(prefetch_store_row)(const STORE *row, int64_t 
   }
 }
 
-/* One row tile of c (rows of SMALL_PRODUCT_MR rows, a constant in each
- * caller) by up to SMALL_PRODUCT_NV vectors (cols), over kc values of K: c =
- * a @ b, or c += a @ b when accumulate. Whole vectors load and store plainly,
- * only the output's edge masked. */
+/* One row tile of c, `rows` rows (at most SMALL_PRODUCT_MR, a constant in
+ * each caller) by up to SMALL_PRODUCT_NV vectors (cols), over kc values of
+ * K: c = a @ b, or c += a @ b when accumulate. Whole vectors load and store
+ * plainly, only the output's edge masked. */
 static FMLP_ALWAYS_INLINE void FN(small_product_tile)(const int64_t rows, int64_t kc,
                                                       const STORE *a, int64_t a_rs,
                                                       int64_t a_cs, const STORE *b, int64_t ldb,
@@ -363,8 +363,8 @@ static __attribute__((noinline)) void FN(small_product_edge_tile)(int64_t tile_r
                                                                   int64_t ldc, int64_t cols,
                                                                   int accumulate) {
   /* a copy of the tile for each row count, so that an edge of r rows costs r
-   * rows' FMAs: computing SMALL_PRODUCT_MR rows, the AVX2 unit's 4-row edge of
-   * a 16-row dX (tiles of 6, 6, 4) took 1.08x the time of the whole dX
+   * rows' FMAs: with edges computing all SMALL_PRODUCT_MR rows, a 16-row dX
+   * on the AVX2 unit (tiles of 6, 6, 4) took 1.08x the time
    * (scripts/simd_ab.py backward, Zen 3, one thread, 31 rounds) */
 #pragma GCC unroll 16
   for (int64_t rows = 1; rows <= SMALL_PRODUCT_MR; ++rows) {
