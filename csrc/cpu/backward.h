@@ -412,10 +412,10 @@ static __attribute__((noinline)) void FN(small_product_edge_tile)(int64_t tile_r
  * converted every value it broadcast (a load, a shift, a move to a vector
  * register and a register broadcast each), and the 16 x 256^3 ReLU backward
  * took 280 -> 218 us on one thread (fusedmlp::chain_backward, the two builds
- * in alternating processes, 8 each, Zen 3). A chunk of one column tile (K
- * past 2048 in bfloat16: b's chunk is a quarter of the L2) reads a in place:
- * converting for one tile made a GeGLU block's backward at 16 tokens (768 ->
- * 3072 -> 768) take 1.05x the time. */
+ * in alternating processes, 8 each, Zen 3). A chunk of one column tile (b's
+ * chunk is a quarter of the L2: K past 2048 in bfloat16 on AVX2 with 512 KiB
+ * of it) reads a in place: converting for one tile made a GeGLU block's
+ * backward at 16 tokens (768 -> 3072 -> 768) take 1.05x the time. */
 static __attribute__((noinline)) void FN(small_product_columns)(int64_t m, int64_t k,
                                                                 const STORE *a, int64_t a_rs,
                                                                 int64_t a_cs, const STORE *b,
