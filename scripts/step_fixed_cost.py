@@ -18,21 +18,11 @@ import time
 
 import torch
 from fusedmlp import convert
+from fusedmlp.tools.eager_blocks import linear_chain
 from torch import nn
 
 ROWS = 16
 STEPS_PER_ROUND = 200
-
-
-def chain(width: int) -> nn.Sequential:
-    """bench train_small's model at `width`: three layers, ReLU between them."""
-    return nn.Sequential(
-        nn.Linear(width, width),
-        nn.ReLU(),
-        nn.Linear(width, width),
-        nn.ReLU(),
-        nn.Linear(width, width),
-    )
 
 
 def step(model: nn.Module, x: torch.Tensor) -> None:
@@ -49,7 +39,7 @@ def main() -> None:
     torch.manual_seed(0)
     variants: dict[str, tuple[nn.Module, torch.Tensor]] = {}
     for w in (8, width):
-        eager = chain(w)
+        eager = linear_chain((w, w, w, w), "relu")  # bench train_small's model at width w
         x = torch.randn(ROWS, w)
         variants[f"eager {w}"] = (eager, x)
         variants[f"fused {w}"] = (convert(eager), x)
