@@ -259,9 +259,10 @@ static void FN(run_rows_stages)(const FN(column_split) *split, int64_t n_stages,
  * has K = rows, dX = grad @ W has `rows` rows. Both are c = a @ b with b's
  * rows contiguous (h's rows, W's rows), read in place; a is read a scalar at a
  * time (grad, or grad^T through its strides) and broadcast, so nothing is
- * packed or transposed. Each output element sums over K in order in one
- * lane, whichever task computes it: gradients are bit-identical at any
- * thread count. */
+ * packed or transposed (but for a's row tiles, converted to REAL where
+ * storage is narrower: small_product_columns). Each output element sums over
+ * K in order in one lane, whichever task computes it: gradients are
+ * bit-identical at any thread count. */
 #ifndef SMALL_PRODUCT_MR /* a unit's tile header may set its own */
 #define SMALL_PRODUCT_MR 4
 #define SMALL_PRODUCT_NV (FMLP_SIMD_REGISTERS >= 32 ? 4 : 2)
@@ -273,6 +274,8 @@ static void FN(run_rows_stages)(const FN(column_split) *split, int64_t n_stages,
  * the stored partial sums, so each element still sums over K in order;
  * storage narrower than REAL would round them, so there K is one block. */
 #define SMALL_PRODUCT_KC (STORE_IS_REAL ? (int64_t)256 : ((int64_t)1 << 40))
+/* whether a's row tiles may be converted to REAL first (small_product_columns) */
+#define SMALL_PRODUCT_CONVERTS (!STORE_IS_REAL)
 
 /* Asks for the cache lines of `cols` STOREs of a row of b. b's rows lie a
  * row stride apart (a weight's rows for dX), each tile reading 256 bytes of
@@ -289,16 +292,26 @@ static FMLP_ALWAYS_INLINE void FN(prefetch_store_row)(const STORE *row, int64_t 
   }
 }
 
+/* A few-row product's a: where it lies in storage (a[r * rs + kk * cs]), or
+ * its row tile converted to REAL (converted[kk * SMALL_PRODUCT_MR + r]; see
+ * small_product_columns) when that is set. */
+typedef struct {
+  const STORE *a;
+  int64_t rs, cs;
+  const REAL *converted;
+} FN(small_product_a);
+
 /* One row tile of c, `rows` rows (at most SMALL_PRODUCT_MR, a constant in
  * each caller) by up to SMALL_PRODUCT_NV vectors (cols), over kc values of
- * K: c = a @ b, or c += a @ b when accumulate. Whole vectors load and store
+ * K: c = a @ b, or c += a @ b when accumulate; a read converted when
+ * `converted` (also a constant in each caller). Whole vectors load and store
  * plainly, only the output's edge masked. */
-static FMLP_ALWAYS_INLINE void FN(small_product_tile)(const int64_t rows, int64_t kc,
-                                                      const STORE *a, int64_t a_rs,
-                                                      int64_t a_cs, const STORE *b, int64_t ldb,
-                                                      STORE *c, int64_t ldc, int64_t cols,
-                                                      int accumulate) {
+static FMLP_ALWAYS_INLINE void FN(small_product_tile)(const int64_t rows, const int converted,
+                                                      int64_t kc, FN(small_product_a) a,
+                                                      const STORE *b, int64_t ldb, STORE *c,
+                                                      int64_t ldc, int64_t cols, int accumulate) {
   const STORE *a_rows[SMALL_PRODUCT_MR];
+  const REAL *converted_rows[SMALL_PRODUCT_MR];
   vreal acc[SMALL_PRODUCT_MR][SMALL_PRODUCT_NV];
   /* The row loops unrolled (here and at the store) keep acc in registers: GCC
    * kept it on the stack, 32 spills and reloads a tile, a fifth of a K = 16
@@ -307,7 +320,8 @@ static FMLP_ALWAYS_INLINE void FN(small_product_tile)(const int64_t rows, int64_
 #pragma GCC unroll 8
   for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
     if (r >= rows) break;
-    a_rows[r] = a + r * a_rs;
+    a_rows[r] = a.a + r * a.rs;
+    if (converted) converted_rows[r] = a.converted + r;
     const STORE *c_row = c + r * ldc;
     for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) {
       const int64_t left = cols - v * FMLP_SIMD_WIDTH;
@@ -327,7 +341,8 @@ static FMLP_ALWAYS_INLINE void FN(small_product_tile)(const int64_t rows, int64_
     }
     for (int64_t r = 0; r < SMALL_PRODUCT_MR; ++r) {
       if (r >= rows) break;
-      const vreal av = v_set1(to_real(a_rows[r][kk * a_cs]));
+      const vreal av = v_set1(converted ? converted_rows[r][kk * SMALL_PRODUCT_MR]
+                                        : to_real(a_rows[r][kk * a.cs]));
       for (int64_t v = 0; v < SMALL_PRODUCT_NV; ++v) acc[r][v] = v_fma(av, bv[v], acc[r][v]);
     }
   }
@@ -349,27 +364,31 @@ static FMLP_ALWAYS_INLINE void FN(small_product_tile)(const int64_t rows, int64_
 /* Whole tiles (every row and vector inside c) and edge tiles as separate
  * copies of the tile, so the whole tiles' loops have constant bounds; the
  * edge tiles, a copy for each row count, out of line. */
-static void FN(small_product_whole_tile)(int64_t kc, const STORE *a, int64_t a_rs, int64_t a_cs,
-                                         const STORE *b, int64_t ldb, STORE *c, int64_t ldc,
-                                         int accumulate) {
-  FN(small_product_tile)(SMALL_PRODUCT_MR, kc, a, a_rs, a_cs, b, ldb, c, ldc,
+static FMLP_ALWAYS_INLINE void FN(small_product_whole_tile)(const int converted, int64_t kc,
+                                                            FN(small_product_a) a,
+                                                            const STORE *b, int64_t ldb,
+                                                            STORE *c, int64_t ldc,
+                                                            int accumulate) {
+  FN(small_product_tile)(SMALL_PRODUCT_MR, converted, kc, a, b, ldb, c, ldc,
                          SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH, accumulate);
 }
 
 static __attribute__((noinline)) void FN(small_product_edge_tile)(int64_t tile_rows, int64_t kc,
-                                                                  const STORE *a, int64_t a_rs,
-                                                                  int64_t a_cs, const STORE *b,
-                                                                  int64_t ldb, STORE *c,
-                                                                  int64_t ldc, int64_t cols,
-                                                                  int accumulate) {
+                                                                  FN(small_product_a) a,
+                                                                  const STORE *b, int64_t ldb,
+                                                                  STORE *c, int64_t ldc,
+                                                                  int64_t cols, int accumulate) {
   /* a copy of the tile for each row count, so that an edge of r rows costs r
    * rows' FMAs: with edges computing all SMALL_PRODUCT_MR rows, a 16-row dX
    * on the AVX2 unit (tiles of 6, 6, 4) took 1.08x the time
    * (scripts/simd_ab.py backward, Zen 3, one thread, 31 rounds) */
 #pragma GCC unroll 16
   for (int64_t rows = 1; rows <= SMALL_PRODUCT_MR; ++rows) {
-    if (rows == tile_rows) {
-      FN(small_product_tile)(rows, kc, a, a_rs, a_cs, b, ldb, c, ldc, cols, accumulate);
+    if (rows != tile_rows) continue;
+    if (SMALL_PRODUCT_CONVERTS && a.converted != NULL) {
+      FN(small_product_tile)(rows, 1, kc, a, b, ldb, c, ldc, cols, accumulate);
+    } else {
+      FN(small_product_tile)(rows, 0, kc, a, b, ldb, c, ldc, cols, accumulate);
     }
   }
 }
@@ -387,13 +406,22 @@ static __attribute__((noinline)) void FN(small_product_edge_tile)(int64_t tile_r
  * annotate; 16 x 256^3 ReLU backward 1.19x the time, its dW 1.13x, its dX
  * 1.28x, scripts/simd_ab.py backward, Zen 3, one thread, 31 rounds), and
  * the portable unit's loop spilled or not as unrelated code around it
- * changed. */
+ * changed. Where storage is narrower than REAL and a chunk holds several
+ * column tiles, each row tile of a is first converted into a_pack
+ * (few_rows_a_elems of K), once for all of them: the bfloat16 AVX2 tile had
+ * converted every value it broadcast (a load, a shift, a move to a vector
+ * register and a register broadcast each), and the 16 x 256^3 ReLU backward
+ * took 280 -> 218 us on one thread (fusedmlp::chain_backward, the two builds
+ * in alternating processes, 8 each, Zen 3). A chunk of one column tile (b's
+ * chunk is a quarter of the L2: K past 2048 in bfloat16 on AVX2 with 512 KiB
+ * of it) reads a in place: converting for one tile made a GeGLU block's
+ * backward at 16 tokens (768 -> 3072 -> 768) take 1.05x the time. */
 static __attribute__((noinline)) void FN(small_product_columns)(int64_t m, int64_t k,
                                                                 const STORE *a, int64_t a_rs,
                                                                 int64_t a_cs, const STORE *b,
                                                                 int64_t ldb, STORE *c,
                                                                 int64_t ldc, int64_t j0,
-                                                                int64_t count) {
+                                                                int64_t count, REAL *a_pack) {
   const int64_t tile_cols = SMALL_PRODUCT_NV * FMLP_SIMD_WIDTH;
   for (int64_t kb = 0; kb < k || kb == 0; kb += SMALL_PRODUCT_KC) {
     const int64_t kc = k - kb < SMALL_PRODUCT_KC ? k - kb : SMALL_PRODUCT_KC;
@@ -403,15 +431,23 @@ static __attribute__((noinline)) void FN(small_product_columns)(int64_t m, int64
       const int64_t chunk_end = j0 + count - jc < chunk ? j0 + count : jc + chunk;
       for (int64_t i = 0; i < m; i += SMALL_PRODUCT_MR) {
         const int64_t tile_rows = m - i < SMALL_PRODUCT_MR ? m - i : SMALL_PRODUCT_MR;
-        const STORE *a_tile = a + i * a_rs + kb * a_cs;
+        FN(small_product_a) a_tile = {a + i * a_rs + kb * a_cs, a_rs, a_cs, NULL};
+        if (SMALL_PRODUCT_CONVERTS && chunk_end - jc > tile_cols) {
+          FN(pack_rows_k_major)(a_tile.a, a_rs, a_cs, tile_rows, SMALL_PRODUCT_MR, kc, a_pack);
+          a_tile.converted = a_pack;
+        }
         for (int64_t j = jc; j < chunk_end; j += tile_cols) {
           const int64_t cols = chunk_end - j < tile_cols ? chunk_end - j : tile_cols;
-          if (tile_rows == SMALL_PRODUCT_MR && cols == tile_cols) {
-            FN(small_product_whole_tile)(kc, a_tile, a_rs, a_cs, b + kb * ldb + j, ldb,
-                                         c + i * ldc + j, ldc, kb > 0);
+          STORE *c_tile = c + i * ldc + j;
+          if (tile_rows < SMALL_PRODUCT_MR || cols < tile_cols) {
+            FN(small_product_edge_tile)(tile_rows, kc, a_tile, b + kb * ldb + j, ldb, c_tile,
+                                        ldc, cols, kb > 0);
+          } else if (SMALL_PRODUCT_CONVERTS && a_tile.converted != NULL) {
+            FN(small_product_whole_tile)(1, kc, a_tile, b + kb * ldb + j, ldb, c_tile, ldc,
+                                         kb > 0);
           } else {
-            FN(small_product_edge_tile)(tile_rows, kc, a_tile, a_rs, a_cs, b + kb * ldb + j,
-                                        ldb, c + i * ldc + j, ldc, cols, kb > 0);
+            FN(small_product_whole_tile)(0, kc, a_tile, b + kb * ldb + j, ldb, c_tile, ldc,
+                                         kb > 0);
           }
         }
       }
@@ -556,7 +592,7 @@ static void FN(product_columns)(int64_t weight_block_at, int64_t m, int64_t k, f
 #if FMLP_TRANSPOSED_KERNELS
   if (weight_block_at < 0) {
     FN(small_product_columns)(m, k, a.data, a.row_stride, a.col_stride, b.data, b.row_stride, c,
-                              ldc, j0, count);
+                              ldc, j0, count, task_pack);
     return;
   }
 #endif
@@ -570,7 +606,25 @@ static void FN(product_columns)(int64_t weight_block_at, int64_t m, int64_t k, f
  * block of any of them (see product_columns). */
 typedef struct {
   int64_t input, block;
+  int64_t few_rows_a; /* few rows: a converted row tile (few_rows_a_elems) */
 } FN(pack_need);
+
+/* Elements of a few-row product's row tile of a over K = k converted to REAL
+ * (small_product_columns), whole cache lines so that tasks' tiles never share
+ * one; none where storage is REAL; -1 on overflow. */
+static int64_t FN(few_rows_a_elems)(int64_t k) {
+#if FMLP_TRANSPOSED_KERNELS && !STORE_IS_REAL
+  int64_t elems;
+  if (!fmlp_checked_mul(k, SMALL_PRODUCT_MR, &elems) ||
+      !fmlp_checked_add(elems, CACHE_LINE_REALS - 1, &elems)) {
+    return -1;
+  }
+  return elems / CACHE_LINE_REALS * CACHE_LINE_REALS;
+#else
+  (void)k;
+  return 0;
+#endif
+}
 
 /* A product of m rows over K = k: its a comes packed (shared_a) but where
  * b is read in place (m at most GEMM_UNPACKED_MAX_ROWS and b's rows
@@ -579,6 +633,7 @@ typedef struct {
 static void FN(need_product)(FN(pack_need) *need, int64_t m, int64_t k) {
   FN(max_elems)(&need->input, m <= GEMM_UNPACKED_MAX_ROWS ? FN(input_pack_elems)(m, k) : 0);
   FN(max_elems)(&need->block, FN(weight_block_elems)(k, 1));
+  FN(max_elems)(&need->few_rows_a, FN(few_rows_a_elems)(k));
 }
 
 /* Elements of a task's scratch for `need`, its weight block starting
@@ -601,13 +656,15 @@ static int64_t FN(pack_need_elems)(const FN(pack_need) *need, int64_t *weight_bl
 
 /* A columns backward's split (backward_split) with each task's scratch for
  * `need`, and the input packs its tasks share (shared_elems); few rows pack
- * neither (b read in place), *shared then NULL. */
+ * neither (b read in place; their scratch holds a converted row tile of a),
+ * *shared then NULL. */
 static fmlp_status FN(columns_split)(const fmlp_threading *threading, int64_t multiply_adds,
                                      int few_rows, const FN(pack_need) *need,
                                      int64_t shared_elems, int64_t *weight_block_at,
                                      REAL **shared, FN(column_split) *split) {
   *shared = NULL;
-  const int64_t pack_elems = few_rows ? 0 : FN(pack_need_elems)(need, weight_block_at);
+  const int64_t pack_elems =
+      few_rows ? need->few_rows_a : FN(pack_need_elems)(need, weight_block_at);
   fmlp_status status = FN(backward_split)(threading, multiply_adds,
                                           COLUMN_SPLIT_MIN_MULTIPLY_ADDS, pack_elems, split);
   if (status == FMLP_OK && !few_rows) status = FN(alloc_shared_input)(1, shared_elems, shared);
@@ -749,7 +806,7 @@ static fmlp_status FN(chain_backward_columns)(const fmlp_cpu_chain_backward_args
                                               int few_rows, const fmlp_threading *threading) {
   const int64_t rows = a->rows;
   FN(columns_backward) bw = {.args = a, .weight_block_at = -1};
-  FN(pack_need) need = {0, 0};
+  FN(pack_need) need = {0, 0, 0};
   int64_t dx_elems = 0; /* the largest dX's a packed; dx_at: dW's */
   /* multiply-adds, saturating: they only choose whether to split */
   int64_t multiply_adds = 0;
@@ -906,7 +963,7 @@ static fmlp_status FN(chain_backward_rows_then_weights)(const fmlp_cpu_chain_bac
                                                         const fmlp_threading *threading) {
   const int64_t rows = a->rows, n_tasks = threading->n_threads;
   FN(rows_then_weights) bw = {.args = a};
-  FN(pack_need) need = {0, 0};
+  FN(pack_need) need = {0, 0, 0};
   for (int64_t l = 0; l < a->n_layers; ++l) {
     const int64_t width = a->widths[l + 1], k = a->widths[l];
     if (width > bw.max_width) bw.max_width = width;
@@ -1070,7 +1127,7 @@ static fmlp_status FN(gated_backward_columns)(const fmlp_cpu_gated_block_backwar
                                               int few_rows, const fmlp_threading *threading) {
   const int64_t rows = a->rows, h = a->hidden, dim = a->dim, out = a->out_dim;
   FN(columns_gated_backward) bw = {.args = a, .weight_block_at = -1};
-  FN(pack_need) need = {0, 0};
+  FN(pack_need) need = {0, 0, 0};
   FN(need_product)(&need, out, rows); /* grad_W_down */
   FN(need_product)(&need, rows, out); /* grad_product */
   FN(need_product)(&need, h, rows);   /* grad_W_gate, grad_W_up */
@@ -1185,7 +1242,7 @@ static fmlp_status FN(gated_backward_rows_then_weights)(
   const int64_t rows = a->rows, h = a->hidden, out = a->out_dim;
   const int64_t n_tasks = threading->n_threads;
   FN(gated_rows_then_weights) bw = {.args = a};
-  FN(pack_need) need = {0, 0};
+  FN(pack_need) need = {0, 0, 0};
   FN(need_task_products)(&need, rows, out, n_tasks); /* grad_product */
   FN(need_task_products)(&need, rows, h, n_tasks);   /* grad_x, from_up */
   FN(need_task_products)(&need, out, rows, n_tasks); /* grad_W_down */
