@@ -4,6 +4,7 @@ Each rank writes what it saw to a file the test reads back and compares."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import time
@@ -27,6 +28,9 @@ def rank_entry(
 ) -> None:
     """One rank: joins the group over loopback, runs main(rank, world_size), saves its
     result as rank<N>.pt."""
+    # A rank killed by a signal (SIGABRT from glibc's heap checks, SIGSEGV) reaches the
+    # test as a bare exit signal; this prints its Python stack to the captured stderr.
+    faulthandler.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)  # the ranks share this machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
