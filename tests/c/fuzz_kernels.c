@@ -3,11 +3,13 @@
  *
  *   fuzz_kernels SECONDS [SEED]
  *
- * Each iteration draws an operation (layer chain, gated block, activation
- * backward, gated backward), a dtype (float, double), sizes biased towards the
- * GEMM's tile and block edges (MR, NR, MC, KC, NC), operand layouts (row-major
- * with padding, column-major, sliced, broadcast rows with stride 0), bias and
- * saved-activation buffers on or off, and a threading mode (none, serial,
+ * Each iteration draws an operation (layer chain, gated block, their
+ * backwards, activation backward, gated backward), a dtype (float, double,
+ * bfloat16), sizes biased towards the GEMM's tile and block edges (MR, NR, MC,
+ * KC, NC) and, for the backwards, towards the few rows whose products read the
+ * weights in place, operand layouts (row-major with padding, column-major,
+ * sliced, broadcast rows with stride 0), bias and saved-activation buffers on
+ * or off, which gradients are wanted, and a threading mode (none, serial,
  * shuffled chunks, real pthreads). Every buffer is allocated to its exact
  * extent so the sanitizer sees any overread, and padding in the output rows
  * holds a canary that must survive. It also feeds invalid arguments (NULL
@@ -71,16 +73,35 @@ typedef struct {
 } operand;
 
 static size_t elem_size(fmlp_dtype dtype) {
-  return dtype == FMLP_F64 ? sizeof(double) : sizeof(float);
+  return dtype == FMLP_F64    ? sizeof(double)
+         : dtype == FMLP_BF16 ? sizeof(fmlp_bf16)
+                              : sizeof(float);
 }
 
 static double get(const void *data, fmlp_dtype dtype, int64_t i) {
-  return dtype == FMLP_F64 ? ((const double *)data)[i] : (double)((const float *)data)[i];
+  switch (dtype) {
+    case FMLP_F64: return ((const double *)data)[i];
+    case FMLP_BF16: return fmlp_bf16_to_float(((const fmlp_bf16 *)data)[i]);
+    default: return ((const float *)data)[i];
+  }
 }
 
 static void set(void *data, fmlp_dtype dtype, int64_t i, double v) {
-  if (dtype == FMLP_F64) ((double *)data)[i] = v;
-  else ((float *)data)[i] = (float)v;
+  switch (dtype) {
+    case FMLP_F64: ((double *)data)[i] = v; break;
+    case FMLP_BF16: ((fmlp_bf16 *)data)[i] = fmlp_float_to_bf16((float)v); break;
+    default: ((float *)data)[i] = (float)v; break;
+  }
+}
+
+/* v as the kernels store it in dtype (pre-activations, hidden outputs, the backward's
+ * intermediate gradients) */
+static double stored(fmlp_dtype dtype, double v) {
+  switch (dtype) {
+    case FMLP_F64: return v;
+    case FMLP_BF16: return fmlp_bf16_to_float(fmlp_float_to_bf16((float)v));
+    default: return (float)v;
+  }
 }
 
 /* An exact-size allocation (at least one byte so malloc never returns NULL legitimately). */
@@ -127,6 +148,7 @@ static fmlp_input input_of(const operand *m) { return (fmlp_input){m->data, m->r
 typedef struct {
   int64_t checks, failures;
   const char *what; /* the current case, for messages */
+  fmlp_dtype dtype; /* the current case's, for expect_gradient */
 } tally;
 
 /* actual ~ expected within rtol/atol, where NaN matches NaN and Inf matches an Inf of the same sign. */
@@ -229,14 +251,19 @@ static output make_output(fmlp_dtype dtype, int64_t rows, int64_t cols) {
 static void expect_canaries(tally *t, const output *o, fmlp_dtype dtype) {
   for (int64_t r = 0; r < o->rows; ++r) {
     for (int64_t c = o->cols; c < o->row_stride && r * o->row_stride + c < o->count; ++c) {
-      expect_close(t, get(o->data, dtype, r * o->row_stride + c), CANARY, 0, 0, "y padding",
-                   r * o->row_stride + c);
+      expect_close(t, get(o->data, dtype, r * o->row_stride + c), stored(dtype, CANARY), 0, 0,
+                   "y padding", r * o->row_stride + c);
     }
   }
 }
 
-static double rtol_of(fmlp_dtype dtype) { return dtype == FMLP_F64 ? 1e-10 : 2e-4; }
-static double atol_of(fmlp_dtype dtype) { return dtype == FMLP_F64 ? 1e-10 : 2e-4; }
+/* bfloat16 stores 8 significant bits: each stored value is off by up to 2^-8 relative, and
+ * a hidden value rounded the other way than the reference's moves the next layer by up to 2^-7
+ * of its term */
+static double rtol_of(fmlp_dtype dtype) {
+  return dtype == FMLP_F64 ? 1e-10 : dtype == FMLP_BF16 ? 8e-3 : 2e-4;
+}
+static double atol_of(fmlp_dtype dtype) { return rtol_of(dtype); }
 
 /* ---- one random case per operation ---- */
 
@@ -309,13 +336,12 @@ static void fuzz_chain(tally *t, fmlp_dtype dtype) {
         double z = with_bias && b[l] != NULL ? get(b[l], dtype, j) : 0.0;
         for (int64_t k = 0; k < widths[l]; ++k) z += h[k] * at(&w[l], j, k);
         /* the kernel rounds pre-activations and hidden outputs to its dtype */
-        z = dtype == FMLP_F32 ? (double)(float)z : z;
+        z = stored(dtype, z);
         if (save_pre && pre[l] != NULL) {
           expect_close(t, get(pre[l], dtype, r * widths[l + 1] + j), z, rtol_of(dtype),
                        atol_of(dtype), "saved_pre", l);
         }
-        next[j] = reference_activation(z, act);
-        next[j] = dtype == FMLP_F32 ? (double)(float)next[j] : next[j];
+        next[j] = stored(dtype, reference_activation(z, act));
         if (last) {
           expect_close(t, get(y.data, dtype, r * y.row_stride + j), next[j], rtol_of(dtype),
                        atol_of(dtype), "y", r * y.row_stride + j);
@@ -401,12 +427,12 @@ static void fuzz_gated(tally *t, fmlp_dtype dtype) {
         g += at(&x, r, k) * at(&wg, j, k);
         u += at(&x, r, k) * at(&wu, j, k);
       }
-      if (dtype == FMLP_F32) {
-        g = (double)(float)g;
-        u = (double)(float)u;
-      }
-      product[j] = reference_activation(g, activation) * u;
-      if (dtype == FMLP_F32) product[j] = (double)(float)product[j];
+      /* bfloat16 forms the product from the unrounded gate and up, float32 from its
+       * rounded ones (each within 2^-8): the two products, each rounded again, may differ by
+       * up to 2^-6 relative */
+      g = stored(dtype, g);
+      u = stored(dtype, u);
+      product[j] = stored(dtype, reference_activation(g, activation) * u);
       const double tol = rtol_of(dtype), atol = atol_of(dtype);
       if (saved[0] != NULL) expect_close(t, get(saved[0], dtype, r * hidden + j), g, tol, atol, "saved_gate", j);
       if (saved[1] != NULL) expect_close(t, get(saved[1], dtype, r * hidden + j), u, tol, atol, "saved_up", j);
@@ -417,9 +443,16 @@ static void fuzz_gated(tally *t, fmlp_dtype dtype) {
     }
     for (int64_t o = 0; o < out_dim; ++o) {
       double z = bias[2] != NULL ? get(bias[2], dtype, o) : 0.0;
-      for (int64_t j = 0; j < hidden; ++j) z += product[j] * at(&wd, o, j);
-      expect_close(t, get(y.data, dtype, r * y.row_stride + o), z, rtol_of(dtype),
-                   atol_of(dtype), "y", r * y.row_stride + o);
+      double magnitude = fabs(z);
+      for (int64_t j = 0; j < hidden; ++j) {
+        z += product[j] * at(&wd, o, j);
+        magnitude += fabs(product[j] * at(&wd, o, j));
+      }
+      /* so the sum may differ by 2^-6 of its terms' magnitude, more than rtol where the
+       * terms cancel */
+      const double atol = atol_of(dtype) + (dtype == FMLP_BF16 ? 0x1p-6 * magnitude : 0.0);
+      expect_close(t, get(y.data, dtype, r * y.row_stride + o), z, rtol_of(dtype), atol, "y",
+                   r * y.row_stride + o);
     }
   }
   expect_canaries(t, &y, dtype);
@@ -433,6 +466,329 @@ static void fuzz_gated(tally *t, fmlp_dtype dtype) {
     free(bias[i]);
     free(saved[i]);
   }
+}
+
+/* ---- the backwards of chains and gated blocks ---- */
+
+/* A computed gradient against the reference's sum of `terms` products whose magnitudes
+ * add up to `magnitude` (through every layer above: an intermediate gradient's error follows
+ * its own terms, which may have cancelled, not its value). The kernels accumulate in float
+ * (double for float64); bfloat16 also rounds the result and the intermediate gradients it
+ * stores (each up to 2^-8 relative, in random directions over the terms), which the reference
+ * rounds too (stored) but may round the other way where its sum lies within float's error
+ * of a rounding edge. An element wrong by a term, a row or a tile is off by ~magnitude /
+ * sqrt(terms) or more.
+ * `rounded`: the size of partial results the kernel rounds to its dtype on the way (a gated
+ * block's two halves of grad_x), each of which may round the other way. */
+static void expect_gradient(tally *t, double actual, double expected, double magnitude,
+                            int64_t terms, double rounded, const char *name, int64_t index) {
+  double rtol, atol;
+  switch (t->dtype) {
+    case FMLP_F64: rtol = 1e-12, atol = 1e-12 * magnitude; break;
+    case FMLP_BF16:
+      rtol = 0x1p-7;
+      atol = 0x1p-7 * magnitude / sqrt((double)(terms > 0 ? terms : 1)) + 1e-5 * magnitude +
+             0x1p-8 * rounded;
+      break;
+    default: rtol = 1e-6, atol = 4e-6 * magnitude; break;
+  }
+  expect_close(t, actual, expected, rtol, atol + 1e-30, name, index);
+}
+
+/* rows x cols of random values, contiguous, exactly sized (as the backward's saved
+ * tensors and gradients are) */
+static void *random_matrix(fmlp_dtype dtype, int64_t rows, int64_t cols) {
+  void *m = alloc_elems(dtype, rows * cols);
+  for (int64_t i = 0; i < rows * cols; ++i) set(m, dtype, i, uniform());
+  return m;
+}
+
+/* A gradient buffer of n elements, or NULL (not wanted) one time in four. */
+static void *maybe_gradient(fmlp_dtype dtype, int64_t n) {
+  return below(4) == 0 ? NULL : alloc_elems(dtype, n);
+}
+
+/* m's values as rows x cols contiguous doubles (one spare, so never a zero-size malloc) */
+static double *doubles_of(const operand *m) {
+  double *d = malloc(sizeof(double) * (size_t)(m->rows * m->cols + 1));
+  for (int64_t r = 0; r < m->rows; ++r) {
+    for (int64_t c = 0; c < m->cols; ++c) d[r * m->cols + c] = at(m, r, c);
+  }
+  return d;
+}
+
+/* A contiguous rows x cols matrix of dtype (a saved tensor) as an operand. */
+static operand contiguous(fmlp_dtype dtype, void *data, int64_t rows, int64_t cols) {
+  return (operand){dtype, rows, cols, cols, 1, data};
+}
+
+/* out = a @ w (a: rows x n, w: n x k, doubles) and out_magnitude = a_magnitude @ |w|, the
+ * magnitude each element's error follows. */
+static void times(const double *a, const double *a_magnitude, const double *w, int64_t rows,
+                  int64_t n, int64_t k, double *out, double *out_magnitude) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < k; ++c) {
+      double sum = 0, size = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        sum += a[r * n + j] * w[j * k + c];
+        size += a_magnitude[r * n + j] * fabs(w[j * k + c]);
+      }
+      out[r * k + c] = sum;
+      out_magnitude[r * k + c] = size;
+    }
+  }
+}
+
+/* A layer's weight gradient grad^T @ input (n x k) and bias gradient (grad's column sums),
+ * each unless NULL, against grad (rows x n, its magnitudes grad_magnitude) and input
+ * (rows x k) in double. */
+static void expect_layer_gradients(tally *t, const void *grad_w, const void *grad_b,
+                                   const double *grad, const double *grad_magnitude,
+                                   const double *input, int64_t rows, int64_t n, int64_t k) {
+  for (int64_t j = 0; j < n; ++j) {
+    double sum = 0, size = 0;
+    for (int64_t r = 0; r < rows; ++r) sum += grad[r * n + j], size += grad_magnitude[r * n + j];
+    if (grad_b != NULL) {
+      expect_gradient(t, get(grad_b, t->dtype, j), sum, size, rows, 0, "grad_b", j);
+    }
+    for (int64_t c = 0; c < k && grad_w != NULL; ++c) {
+      sum = 0, size = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        sum += grad[r * n + j] * input[r * k + c];
+        size += grad_magnitude[r * n + j] * fabs(input[r * k + c]);
+      }
+      expect_gradient(t, get(grad_w, t->dtype, j * k + c), sum, size, rows, 0, "grad_w",
+                      j * k + c);
+    }
+  }
+}
+
+/* grad_x (rows x k, unless NULL) against want and its terms' magnitudes, sums of `terms`,
+ * with partial results of the sizes `rounded` (or none: NULL) rounded on the way. */
+static void expect_input_gradient(tally *t, const void *grad_x, const double *want,
+                                  const double *magnitude, const double *rounded, int64_t rows,
+                                  int64_t k, int64_t terms) {
+  for (int64_t i = 0; i < rows * k && grad_x != NULL; ++i) {
+    expect_gradient(t, get(grad_x, t->dtype, i), want[i], magnitude[i], terms,
+                    rounded != NULL ? rounded[i] : 0, "grad_x", i);
+  }
+}
+
+/* An activation's value or slope computed in float is off by up to ~7e-7 absolute, also
+ * where it crosses 0 (the float slopes over z in [-8, 8], AVX2 and portable units: GELU's
+ * 2.9e-7 near 0, SiLU's 6.6e-7 near 8): the magnitude it passes on to the gradients, whose
+ * float tolerance is 4e-6 of it. */
+static double activation_magnitude(double value) { return fabs(value) + 0.25; }
+
+/* Rows for a backward: often the few rows whose products read b in place (up to 64). */
+static int64_t draw_backward_rows(void) { return below(2) ? 1 + below(70) : draw_size(160); }
+
+static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
+  const int64_t n_layers = 1 + below(MAX_LAYERS);
+  int64_t widths[MAX_LAYERS + 1], widest = 1;
+  for (int64_t l = 0; l <= n_layers; ++l) {
+    widths[l] = draw_size(n_layers > 2 ? 96 : 300);
+    widest = widths[l] > widest ? widths[l] : widest;
+  }
+  const int64_t rows = draw_backward_rows(), top = n_layers - 1;
+  const fmlp_activation hidden = (fmlp_activation)below(FMLP_ACT_COUNT);
+  const fmlp_activation final_activation = (fmlp_activation)below(FMLP_ACT_COUNT);
+  operand x = make_operand(dtype, rows, widths[0], 1.0, 0);
+  operand w[MAX_LAYERS];
+  fmlp_input w_inputs[MAX_LAYERS];
+  /* what the training forward saved: pre-activations where there is an activation,
+   * every hidden output; random, as the backward takes them as given */
+  void *pre[MAX_LAYERS], *hid[MAX_LAYERS], *grad_w[MAX_LAYERS], *grad_b[MAX_LAYERS];
+  const void *pre_in[MAX_LAYERS], *hid_in[MAX_LAYERS];
+  const int with_bias_grads = below(2);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const int64_t n = widths[l + 1], k = widths[l];
+    w[l] = make_operand(dtype, n, k, 1.0 / sqrt((double)(k > 0 ? k : 1)), 0);
+    w_inputs[l] = input_of(&w[l]);
+    const fmlp_activation act = l == top ? final_activation : hidden;
+    pre_in[l] = pre[l] = act != FMLP_ACT_NONE ? random_matrix(dtype, rows, n) : NULL;
+    hid_in[l] = hid[l] = l < top ? random_matrix(dtype, rows, n) : NULL;
+    grad_w[l] = maybe_gradient(dtype, n * k);
+    grad_b[l] = with_bias_grads ? maybe_gradient(dtype, n) : NULL;
+  }
+  void *grad_y = random_matrix(dtype, rows, widths[n_layers]);
+  void *grad_x = maybe_gradient(dtype, rows * widths[0]);
+  const fmlp_cpu_chain_backward_args args = {
+      .dtype = dtype,
+      .rows = rows,
+      .n_layers = n_layers,
+      .widths = widths,
+      .x = input_of(&x),
+      .weights = w_inputs,
+      .hidden_activation = hidden,
+      .final_activation = final_activation,
+      .saved_pre = pre_in,
+      .saved_hidden = hid_in,
+      .grad_y = grad_y,
+      .grad_x = grad_x,
+      .grad_weights = grad_w,
+      .grad_biases = with_bias_grads ? grad_b : NULL,
+  };
+  fmlp_threading storage;
+  char what[256];
+  snprintf(what, sizeof what,
+           "chain_backward dtype=%d rows=%lld layers=%lld widths=%lld,%lld.. act=%d/%d", dtype,
+           (long long)rows, (long long)n_layers, (long long)widths[0], (long long)widths[1],
+           hidden, final_activation);
+  t->what = what;
+  t->dtype = dtype;
+  expect_status(t, fmlp_cpu_chain_backward(&args, draw_threading(&storage)), FMLP_OK, what);
+
+  /* the reference from the top layer down: grad_pre = grad * act'(pre), the layer's
+   * gradients from it, grad = grad_pre @ W for the layer below, each intermediate
+   * rounded as the kernel stores it */
+  const size_t cells = (size_t)(rows * widest + 1);
+  double *grad = malloc(sizeof(double) * cells), *below_grad = malloc(sizeof(double) * cells);
+  double *magnitude = malloc(sizeof(double) * cells);
+  double *below_magnitude = malloc(sizeof(double) * cells);
+  for (int64_t i = 0; i < rows * widths[n_layers]; ++i) {
+    grad[i] = get(grad_y, dtype, i);
+    magnitude[i] = fabs(grad[i]);
+  }
+  for (int64_t l = top; l >= 0; --l) {
+    const int64_t n = widths[l + 1], k = widths[l];
+    const fmlp_activation act = l == top ? final_activation : hidden;
+    for (int64_t i = 0; i < rows * n && act != FMLP_ACT_NONE; ++i) {
+      const double slope = reference_activation_grad(get(pre[l], dtype, i), act);
+      grad[i] = stored(dtype, grad[i] * slope);
+      magnitude[i] *= activation_magnitude(slope);
+    }
+    operand below_input = l == 0 ? x : contiguous(dtype, hid[l - 1], rows, k);
+    double *input = doubles_of(&below_input), *weight = doubles_of(&w[l]);
+    expect_layer_gradients(t, grad_w[l], grad_b[l], grad, magnitude, input, rows, n, k);
+    times(grad, magnitude, weight, rows, n, k, below_grad, below_magnitude);
+    if (l == 0) expect_input_gradient(t, grad_x, below_grad, below_magnitude, NULL, rows, k, n);
+    for (int64_t i = 0; i < rows * k; ++i) below_grad[i] = stored(dtype, below_grad[i]);
+    double *swap = grad;
+    grad = below_grad;
+    below_grad = swap;
+    swap = magnitude;
+    magnitude = below_magnitude;
+    below_magnitude = swap;
+    free(input);
+    free(weight);
+  }
+  free(grad);
+  free(below_grad);
+  free(magnitude);
+  free(below_magnitude);
+  free(grad_y);
+  free(grad_x);
+  free(x.data);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    free(w[l].data);
+    free(pre[l]);
+    free(hid[l]);
+    free(grad_w[l]);
+    free(grad_b[l]);
+  }
+}
+
+static void fuzz_gated_block_backward(tally *t, fmlp_dtype dtype) {
+  const int64_t rows = draw_backward_rows(), dim = draw_size(300), hidden = draw_size(300),
+                out_dim = draw_size(160);
+  const fmlp_activation activation = (fmlp_activation)below(FMLP_ACT_COUNT);
+  const double in_scale = 1.0 / sqrt((double)(dim > 0 ? dim : 1));
+  const double down_scale = 1.0 / sqrt((double)(hidden > 0 ? hidden : 1));
+  operand x = make_operand(dtype, rows, dim, 1.0, 0);
+  operand wg = make_operand(dtype, hidden, dim, in_scale, 0);
+  operand wu = make_operand(dtype, hidden, dim, in_scale, 0);
+  operand wd = make_operand(dtype, out_dim, hidden, down_scale, 0);
+  /* the saved gate, up and product (random: the backward takes them as given), grad_y,
+   * and the gradients: weights gate, up, down, then biases gate, up, down */
+  void *gate = random_matrix(dtype, rows, hidden), *up = random_matrix(dtype, rows, hidden);
+  void *product = random_matrix(dtype, rows, hidden);
+  void *grad_y = random_matrix(dtype, rows, out_dim);
+  void *grad_x = maybe_gradient(dtype, rows * dim);
+  const int64_t grad_sizes[6] = {hidden * dim, hidden * dim, out_dim * hidden,
+                                 hidden,       hidden,       out_dim};
+  void *grads[6];
+  for (int i = 0; i < 6; ++i) grads[i] = maybe_gradient(dtype, grad_sizes[i]);
+  const fmlp_cpu_gated_block_backward_args args = {
+      .dtype = dtype,
+      .rows = rows,
+      .dim = dim,
+      .hidden = hidden,
+      .out_dim = out_dim,
+      .x = input_of(&x),
+      .w_gate = input_of(&wg),
+      .w_up = input_of(&wu),
+      .w_down = input_of(&wd),
+      .activation = activation,
+      .saved_gate = gate,
+      .saved_up = up,
+      .saved_product = product,
+      .grad_y = grad_y,
+      .grad_x = grad_x,
+      .grad_w_gate = grads[0],
+      .grad_w_up = grads[1],
+      .grad_w_down = grads[2],
+      .grad_bias_gate = grads[3],
+      .grad_bias_up = grads[4],
+      .grad_bias_down = grads[5],
+  };
+  fmlp_threading storage;
+  char what[256];
+  snprintf(what, sizeof what,
+           "gated_block_backward dtype=%d rows=%lld dim=%lld hidden=%lld out=%lld act=%d", dtype,
+           (long long)rows, (long long)dim, (long long)hidden, (long long)out_dim, activation);
+  t->what = what;
+  t->dtype = dtype;
+  expect_status(t, fmlp_cpu_gated_block_backward(&args, draw_threading(&storage)), FMLP_OK,
+                what);
+
+  /* the reference: grad_product = grad_y @ W_down, then the gate's and up's gradients
+   * from it and the saved gate and up, each rounded as the kernel stores it */
+  operand saved_product = contiguous(dtype, product, rows, hidden);
+  operand grad_y_operand = contiguous(dtype, grad_y, rows, out_dim);
+  double *xd = doubles_of(&x), *wgd = doubles_of(&wg), *wud = doubles_of(&wu);
+  double *wdd = doubles_of(&wd), *gy = doubles_of(&grad_y_operand);
+  double *pd = doubles_of(&saved_product);
+  const size_t cells = (size_t)(rows * (hidden > dim ? hidden : dim) + 1);
+  double *grad_gate = malloc(sizeof(double) * cells), *grad_up = malloc(sizeof(double) * cells);
+  double *gy_magnitude = malloc(sizeof(double) * (size_t)(rows * out_dim + 1));
+  for (int64_t i = 0; i < rows * out_dim; ++i) gy_magnitude[i] = fabs(gy[i]);
+  double *want_x = malloc(sizeof(double) * cells), *from_up = malloc(sizeof(double) * cells);
+  double *gate_magnitude = malloc(sizeof(double) * cells);
+  double *up_magnitude = malloc(sizeof(double) * cells);
+  double *x_magnitude = malloc(sizeof(double) * cells);
+  double *from_up_magnitude = malloc(sizeof(double) * cells);
+  times(gy, gy_magnitude, wdd, rows, out_dim, hidden, grad_up, up_magnitude); /* grad_product */
+  for (int64_t i = 0; i < rows * hidden; ++i) {
+    const double grad_product = stored(dtype, grad_up[i]), product_magnitude = up_magnitude[i];
+    const double g = get(gate, dtype, i), u = get(up, dtype, i);
+    const double slope = reference_activation_grad(g, activation);
+    const double activated = reference_activation(g, activation);
+    grad_gate[i] = stored(dtype, stored(dtype, grad_product * u) * slope); /* as eager rounds */
+    gate_magnitude[i] = product_magnitude * fabs(u) * activation_magnitude(slope);
+    grad_up[i] = stored(dtype, grad_product * activated);
+    up_magnitude[i] = product_magnitude * activation_magnitude(activated);
+  }
+  expect_layer_gradients(t, grads[0], grads[3], grad_gate, gate_magnitude, xd, rows, hidden, dim);
+  expect_layer_gradients(t, grads[1], grads[4], grad_up, up_magnitude, xd, rows, hidden, dim);
+  expect_layer_gradients(t, grads[2], grads[5], gy, gy_magnitude, pd, rows, out_dim, hidden);
+  /* grad_x = grad_gate @ W_gate + grad_up @ W_up, each half rounded, then their sum */
+  times(grad_up, up_magnitude, wud, rows, hidden, dim, from_up, from_up_magnitude);
+  times(grad_gate, gate_magnitude, wgd, rows, hidden, dim, want_x, x_magnitude);
+  for (int64_t i = 0; i < rows * dim; ++i) {
+    const double halves = fabs(want_x[i]) + fabs(from_up[i]);
+    want_x[i] = stored(dtype, stored(dtype, want_x[i]) + stored(dtype, from_up[i]));
+    x_magnitude[i] += from_up_magnitude[i];
+    from_up[i] = halves;
+  }
+  expect_input_gradient(t, grad_x, want_x, x_magnitude, from_up, rows, dim, 2 * hidden);
+  double *scratch[] = {xd,      wgd,          wud,    wdd,     gy,
+                       pd,      gy_magnitude, want_x, from_up, gate_magnitude,
+                       grad_up, up_magnitude, x_magnitude, from_up_magnitude, grad_gate};
+  for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; ++i) free(scratch[i]);
+  void *buffers[] = {x.data, wg.data, wu.data, wd.data, gate, up, product, grad_y, grad_x};
+  for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) free(buffers[i]);
+  for (int i = 0; i < 6; ++i) free(grads[i]);
 }
 
 /* n values: mostly U(-4, 4), some exact zeros and large magnitudes. */
@@ -462,13 +818,17 @@ static void fuzz_backward(tally *t, fmlp_dtype dtype, int gated) {
       gated ? fmlp_cpu_gated_backward(dtype, n, grad, pre, up, activation, out, out_up, threading)
             : fmlp_cpu_activation_backward(dtype, n, grad, pre, activation, out, threading);
   expect_status(t, status, FMLP_OK, what);
-  const double rtol = dtype == FMLP_F64 ? 1e-10 : 1e-5, atol = dtype == FMLP_F64 ? 1e-12 : 1e-6;
+  /* one rounding of the result: 2^-8 relative in bfloat16 */
+  const double rtol = dtype == FMLP_F64 ? 1e-10 : dtype == FMLP_BF16 ? 4e-3 : 1e-5;
+  const double atol = dtype == FMLP_F64 ? 1e-12 : dtype == FMLP_BF16 ? 1e-4 : 1e-6;
   for (int64_t i = 0; i < n; ++i) {
     const double g = get(grad, dtype, i), z = get(pre, dtype, i);
     if (gated) {
       const double u = get(up, dtype, i);
-      expect_close(t, get(out, dtype, i), g * u * reference_activation_grad(z, activation),
-                   rtol, atol * (1 + fabs(g * u)), "grad_gate", i);
+      /* grad * up rounded first, as eager's separate ops round it */
+      const double product = stored(dtype, g * u);
+      expect_close(t, get(out, dtype, i), product * reference_activation_grad(z, activation),
+                   rtol, atol * (1 + fabs(product)), "grad_gate", i);
       expect_close(t, get(out_up, dtype, i), g * reference_activation(z, activation), rtol,
                    atol * (1 + fabs(g * z)), "grad_up", i);
     } else {
@@ -597,29 +957,34 @@ int main(int argc, char **argv) {
   const double seconds = atof(argv[1]);
   const uint64_t seed = argc > 2 ? strtoull(argv[2], NULL, 10) : (uint64_t)time(NULL);
   rng_state = seed;
-  tally t = {0, 0, ""};
+  tally t = {0, 0, "", FMLP_F32};
   fuzz_invalid(&t);
   const double start = now_seconds();
-  int64_t iterations = 0, per_op[4] = {0, 0, 0, 0};
+  /* each operation's share of the iterations (tenths) */
+  static const char *const names[] = {"chain", "gated", "chain_backward", "gated_block_backward",
+                                      "activation_backward", "gated_backward"};
+  static const int64_t shares[] = {3, 2, 2, 1, 1, 1};
+  int64_t iterations = 0, per_op[6] = {0};
   while (now_seconds() - start < seconds && t.failures == 0) {
-    const fmlp_dtype dtype = below(2) ? FMLP_F32 : FMLP_F64;
-    const int64_t op = below(8);
-    if (op < 4) {
-      fuzz_chain(&t, dtype);
-      ++per_op[0];
-    } else if (op < 6) {
-      fuzz_gated(&t, dtype);
-      ++per_op[1];
-    } else {
-      fuzz_backward(&t, dtype, op == 7);
-      ++per_op[op == 7 ? 3 : 2];
+    static const fmlp_dtype dtypes[] = {FMLP_F32, FMLP_F64, FMLP_BF16};
+    const fmlp_dtype dtype = dtypes[below(3)];
+    int64_t op = 0, draw = below(10);
+    while (draw >= shares[op]) draw -= shares[op++];
+    switch (op) {
+      case 0: fuzz_chain(&t, dtype); break;
+      case 1: fuzz_gated(&t, dtype); break;
+      case 2: fuzz_chain_backward(&t, dtype); break;
+      case 3: fuzz_gated_block_backward(&t, dtype); break;
+      default: fuzz_backward(&t, dtype, op == 5); break;
     }
+    ++per_op[op];
     ++iterations;
   }
-  printf("seed %llu: %lld iterations (chain %lld, gated %lld, activation_backward %lld, "
-         "gated_backward %lld), %lld checks, %lld failed in %.1f s\n",
-         (unsigned long long)seed, (long long)iterations, (long long)per_op[0],
-         (long long)per_op[1], (long long)per_op[2], (long long)per_op[3], (long long)t.checks,
-         (long long)t.failures, now_seconds() - start);
+  printf("seed %llu: %lld iterations (", (unsigned long long)seed, (long long)iterations);
+  for (int op = 0; op < 6; ++op) {
+    printf("%s%s %lld", op ? ", " : "", names[op], (long long)per_op[op]);
+  }
+  printf("), %lld checks, %lld failed in %.1f s\n", (long long)t.checks, (long long)t.failures,
+         now_seconds() - start);
   return t.failures == 0 ? 0 : 1;
 }
