@@ -4,7 +4,15 @@
  * twice the multiply-adds of a float FMA. Weight and input panels are packed
  * in K-pairs, the layout the instruction wants (pack_k_pairs.h; one K block:
  * the unit's storage is bfloat16, so GEMM_KC covers any K and no offset into
- * a panel is ever taken).
+ * a panel is ever taken). Input panels are packed even where a row-major
+ * input's rows already are K-pair slots: read in place instead (as the AMX
+ * unit does, FMLP_INPUT_IN_PLACE, for even K under a third of the L1), the
+ * copy left the samples (9% of 65536 x (64 -> 128 -> 128 -> 64) ReLU's,
+ * perf) but the micro-kernel's share grew by ~5 points, its 12 broadcasts a
+ * K-pair now from 12 rows: that case took 0.97x the time, and 4096 x 256 ->
+ * 1024, 4096 x 384 -> 1536, 2048 x 128 -> 4096 GELU and a 1024-token 384
+ * -> 1536 -> 384 GeGLU ran level (Zen 4, two threads, builds alternating in
+ * processes, three rounds), so the copy stays.
  * The tile is the float unit's, MR x NR accumulators started at the bias,
  * activated in registers and rounded once at the store. Everything else (the
  * few-row paths, activations, packing for them) is microkernel_simd.h's, with
