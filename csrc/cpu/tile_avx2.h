@@ -84,16 +84,12 @@
  * second (one core's worth) while study_linear and study_gated, run in
  * turn with them, read 1.81-1.91; idle, all five ran at 1.97-2.01, 203-216
  * GFLOP/s, 79-84% of the 2-thread peak (258).
- * On Zen 4 (AVX2 forced, float32) the whole GeGLU cases run at 63-68% of the
- * peak where the AVX-512 unit reaches 76-81%. Not the tile's loads: a bare
- * loop of this tile's K step (2 loads, 6 broadcasts from memory, 12 FMAs
- * into 12 accumulators) runs at the register-only FMA rate, 114-116 GFLOP/s
- * one thread; and a 4 x 3 ymm tile (3 loads, 4 broadcasts a K step) ran
- * level with 6 x 2 (linear 512 x 768 -> 3072, 3072 -> 768, 1024 -> 4096
- * GELU, B/A 1.005-1.010, scripts/simd_ab.py, 9 rounds). The linear
- * micro-kernel over the same packed panels call after call reaches 80-84% of
- * that rate without an activation and 62-81% with GELU, the gated one
- * 70-80% (kc 128-768, scripts/simd_efficiency.py avx2, one thread); where
- * the rest goes was not located further. */
+ * On Zen 4 (AVX2 forced, float32, 2 threads) the GeGLU cases read 63-78% of
+ * the peak from run to run, the AVX-512 unit's 76-81%. On one quiet thread
+ * the gap is small (scripts/simd_efficiency.py avx2 against avx512, a few
+ * runs each): the whole gated call at 70-81% against 81-83%, the
+ * micro-kernels at kc 512-768 at 87-100% of the FMA peak. A 4 x 3 ymm tile (3 loads, 4 broadcasts a K
+ * step) ran level with 6 x 2 (linear 512 x 768 -> 3072, 3072 -> 768, 1024
+ * -> 4096 GELU, B/A 1.005-1.010, scripts/simd_ab.py, 9 rounds). */
 
 #endif /* FUSEDMLP_CPU_TILE_AVX2_H */
