@@ -88,8 +88,9 @@
  * the peak from run to run, the AVX-512 unit's 76-81%. On one quiet thread
  * the gap is small (scripts/simd_efficiency.py avx2 against avx512, a few
  * runs each): the whole gated call at 70-81% against 81-83%, the
- * micro-kernels at kc 512-768 at 87-100% of the FMA peak. A 4 x 3 ymm tile (3 loads, 4 broadcasts a K
- * step) ran level with 6 x 2 (linear 512 x 768 -> 3072, 3072 -> 768, 1024
- * -> 4096 GELU, B/A 1.005-1.010, scripts/simd_ab.py, 9 rounds). */
+ * micro-kernels at kc 512-768 at 87-100% of the FMA peak. A 4 x 3 ymm tile
+ * (3 loads, 4 broadcasts a K step) ran level with 6 x 2 (linear 512 x 768 ->
+ * 3072, 3072 -> 768, 1024 -> 4096 GELU, B/A 1.005-1.010, scripts/simd_ab.py,
+ * 9 rounds). */
 
 #endif /* FUSEDMLP_CPU_TILE_AVX2_H */
