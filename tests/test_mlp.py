@@ -121,6 +121,32 @@ def test_gradients_past_tiles_and_cache_blocks(dtype, activation, generator):
             assert error < (2e-2 if dtype == torch.bfloat16 else 1e-5), error
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_training_saves_a_pre_activation_only_where_the_derivative_reads_it(activation, generator):
+    """A ReLU layer's derivative reads its output's sign (as eager's threshold_backward reads
+    ReLU's result), and a hidden layer's output is saved anyway: no pre-activation is saved
+    beside it. The other activations' derivatives read the pre-activation."""
+    rows, sizes = 5, [6, 8, 9, 4]
+    weights, biases = make_weights(sizes, torch.float32, "cpu", bias=True, generator=generator)
+    x = torch.randn(rows, sizes[0], generator=generator)
+    _, saved = torch.ops.fusedmlp.mlp_train(x, weights, biases, activation)
+    outputs = rows * (8 + 9)
+    reads_pre = activation not in ("none", "relu")
+    assert saved.numel() == outputs * (2 if reads_pre else 1)
+
+
+def test_a_relu_mlp_saves_for_backward_what_eager_saves(generator):
+    from fusedmlp.tools.memory import saved_for_backward
+
+    eager = reference_sequential([64, 128, 128, 32], "relu")
+    fused = fusedmlp.FusedMLP.from_sequential(eager)
+    x = torch.randn(16, 64, generator=generator)
+    cpu = torch.device("cpu")
+    eager_bytes = saved_for_backward(eager, x, cpu, compiled=False)
+    assert eager_bytes >= 2 * 16 * 128 * 4  # the two hidden outputs
+    assert saved_for_backward(fused, x, cpu, compiled=False) == eager_bytes
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("need_grad_x", [True, False])
 def test_opcheck_chain_backward(bias, need_grad_x, generator):

@@ -24,7 +24,7 @@ from c_build import (
 )
 from conftest import assert_matches_reference, reference_activation
 from fusedmlp import _C
-from fusedmlp.activations import activation_module, activation_name
+from fusedmlp.activations import OUTPUT_DERIVATIVE, activation_module, activation_name
 from fusedmlp.registry import cpu_isas
 
 ISA_NAMES = {isa_id: name for isa_id, name, _ in registry_isas()}
@@ -168,8 +168,10 @@ def test_the_tile_data_grant_is_requested_once_not_per_op_call(tmp_path):
 
 def test_the_activation_table_is_the_registry():
     text = (ROOT / "csrc/include/fusedmlp/activations.def").read_text()
-    names = re.findall(r"^FMLP_ACTIVATION\(\w+, (\w+), \w+\)", text, re.MULTILINE)
+    rows = re.findall(r"^FMLP_ACTIVATION\(\w+, (\w+), \w+, (PRE|OUTPUT)\)", text, re.MULTILINE)
+    names = [name for name, _ in rows]
     assert tuple(names) == fusedmlp.ACTIVATIONS
+    assert {name for name, derivative in rows if derivative == "OUTPUT"} == OUTPUT_DERIVATIVE
     for name in names:  # the Python side knows each one's module, both ways (convert() needs it)
         module = activation_module(name)
         assert type(module) is type(reference_activation(name))

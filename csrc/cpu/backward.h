@@ -128,6 +128,13 @@ fmlp_status FN(fmlp_cpu_gated_backward)(int64_t n, const void *grad_product, con
 /* ---- many rows: every product split by rows, in one parallel region ----
  * (past BACKWARD_COLUMNS_MAX_ROWS; the helpers below serve both splits) */
 
+/* What layer l's activation derivative reads: its saved pre-activation, or
+ * where none was saved (a hidden layer whose derivative reads its output:
+ * fmlp_derivative_reads_output) its saved output, whose sign is ReLU's. */
+static const STORE *FN(derivative_input)(const fmlp_cpu_chain_backward_args *a, int64_t l) {
+  return a->saved_pre[l] != NULL ? a->saved_pre[l] : a->saved_hidden[l];
+}
+
 static fmlp_input FN(transposed)(fmlp_input m) {
   return (fmlp_input){m.data, m.col_stride, m.row_stride};
 }
@@ -737,7 +744,7 @@ static void FN(finish_grad_pre_columns)(const FN(columns_backward) *bw, int64_t 
       l == a->n_layers - 1 ? a->final_activation : a->hidden_activation;
   STORE *grad_pre = FN(columns_grad_pre)(bw, l);
   if (activation != FMLP_ACT_NONE) {
-    const STORE *pre = a->saved_pre[l];
+    const STORE *pre = FN(derivative_input)(a, l);
     for (int64_t r = 0; r < rows; ++r) {
       FN(activation_grad_span)(grad_pre + r * width + j0, grad + r * width + j0,
                                pre + r * width + j0, count, activation);
@@ -941,7 +948,7 @@ static void FN(rows_then_weights_part)(const void *block, int64_t stage, int64_t
   if (count == 0) return;
   const int64_t top_width = a->widths[top + 1];
   if (a->final_activation != FMLP_ACT_NONE) {
-    const STORE *grad_y = a->grad_y, *pre = a->saved_pre[top];
+    const STORE *grad_y = a->grad_y, *pre = FN(derivative_input)(a, top);
     const int64_t at = first * top_width; /* the task's rows lie next to each other */
     FN(activation_grad_span)(FN(layer_grad_pre)(bw, top) + at, grad_y + at, pre + at,
                              count * top_width, a->final_activation);
@@ -953,7 +960,7 @@ static void FN(rows_then_weights_part)(const void *block, int64_t stage, int64_t
     FN(rows_product)((fmlp_input){FN(layer_grad_pre)(bw, l), width, 1}, first, count,
                      FN(transposed)(a->weights[l]), k, width, below, task_pack, weight_block);
     if (l == 0 || a->hidden_activation == FMLP_ACT_NONE) continue;
-    const STORE *pre = a->saved_pre[l - 1];
+    const STORE *pre = FN(derivative_input)(a, l - 1);
     const int64_t at = first * k;
     FN(activation_grad_span)(below + at, below + at, pre + at, count * k, a->hidden_activation);
   }
@@ -1305,7 +1312,7 @@ static void FN(finish_grad_pre_rows)(const FN(rows_backward) *bw, int64_t l, con
       l == a->n_layers - 1 ? a->final_activation : a->hidden_activation;
   STORE *grad_pre = FN(rows_grad_pre)(bw, l);
   if (activation != FMLP_ACT_NONE) {
-    const STORE *pre = a->saved_pre[l];
+    const STORE *pre = FN(derivative_input)(a, l);
     for (int64_t r = r0; r < r0 + count; ++r) {
       FN(activation_grad_span)(grad_pre + r * width, grad + r * width, pre + r * width, width,
                                activation);

@@ -32,7 +32,7 @@ static int lt_epilogue_OWN(int has_bias, int saves_pre, int64_t n,
 int fmlp_cuda_epilogue_for(fmlp_activation activation, int has_bias, int saves_pre, int64_t n,
                            fmlp_cuda_epilogue *epilogue) {
   switch (activation) {
-#define FMLP_ACTIVATION(id, name, cublaslt) \
+#define FMLP_ACTIVATION(id, name, cublaslt, derivative) \
   case FMLP_ACT_##id: return lt_epilogue_##cublaslt(has_bias, saves_pre, n, epilogue);
 #include "fusedmlp/activations.def"
     case FMLP_ACT_COUNT: return 0;
@@ -133,7 +133,7 @@ void fmlp_cuda_describe_problem(const fmlp_cuda_problem *p, char *buffer, size_t
 
 const char *fmlp_cuda_activation_name(fmlp_activation activation) {
   switch (activation) {
-#define FMLP_ACTIVATION(id, name, cublaslt) \
+#define FMLP_ACTIVATION(id, name, cublaslt, derivative) \
   case FMLP_ACT_##id: return #name;
 #include "fusedmlp/activations.def"
     case FMLP_ACT_COUNT: break;

@@ -30,7 +30,7 @@ using OptionalTensor = std::optional<Tensor>;
 // The activations' names, indexed by fmlp_activation: the registry
 // fusedmlp/activations.def.
 inline constexpr std::array<const char *, FMLP_ACT_COUNT> kActivationNames = {
-#define FMLP_ACTIVATION(id, name, cublaslt) #name,
+#define FMLP_ACTIVATION(id, name, cublaslt, derivative) #name,
 #include "fusedmlp/activations.def"
 };
 
@@ -126,8 +126,10 @@ Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width
 std::vector<int64_t> output_shape(const Tensor &x, int64_t out_features);
 
 // Which saved tensors a training chain keeps, in order, in one flat buffer:
-// for each layer l, its pre-activation when its activation is not "none",
-// then its output h_{l+1} when it is not the last layer.
+// for each layer l, its pre-activation when its activation is not "none" (and,
+// on a hidden layer, its derivative does not read the output instead:
+// fmlp_derivative_reads_output), then its output h_{l+1} when it is not the
+// last layer.
 struct SavedChainLayout {
   std::vector<int64_t> pre_offset;     // -1: not saved
   std::vector<int64_t> hidden_offset;  // -1: not saved

@@ -49,18 +49,32 @@ STABLE_TORCH_LIBRARY(fusedmlp, m) {
 #include "fusedmlp/cpu.h"
 #include "weight_cache.h"
 
-static PyObject *activations(PyObject * /*module*/, PyObject * /*unused*/) {
-  PyObject *names = PyTuple_New(FMLP_ACT_COUNT);
+// The names of the activations `keep` accepts, in the enum's order.
+static PyObject *activation_names(bool (*keep)(fmlp_activation)) {
+  PyObject *names = PyList_New(0);
   if (names == nullptr) return nullptr;
-  for (Py_ssize_t i = 0; i < FMLP_ACT_COUNT; ++i) {
-    // PyTuple_SetItem steals name, even when it fails.
+  for (int i = 0; i < FMLP_ACT_COUNT; ++i) {
+    if (!keep(static_cast<fmlp_activation>(i))) continue;
     PyObject *name = PyUnicode_FromString(fusedmlp::kActivationNames[i]);
-    if (name == nullptr || PyTuple_SetItem(names, i, name) != 0) {
+    const bool added = name != nullptr && PyList_Append(names, name) == 0;
+    Py_XDECREF(name);
+    if (!added) {
       Py_DECREF(names);
       return nullptr;
     }
   }
-  return names;
+  PyObject *tuple = PyList_AsTuple(names);
+  Py_DECREF(names);
+  return tuple;
+}
+
+static PyObject *activations(PyObject * /*module*/, PyObject * /*unused*/) {
+  return activation_names([](fmlp_activation) { return true; });
+}
+
+static PyObject *output_derivative_activations(PyObject * /*module*/, PyObject * /*unused*/) {
+  return activation_names(
+      [](fmlp_activation activation) { return fmlp_derivative_reads_output(activation) != 0; });
 }
 
 // torch's Python name of a dtype the kernels take (the stable ABI has no table of them).
@@ -194,6 +208,9 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
   static PyMethodDef methods[] = {
       {"activations", activations, METH_NOARGS,
        "The activation names, in the order of the kernels' enum."},
+      {"output_derivative_activations", output_derivative_activations, METH_NOARGS,
+       "The activations whose derivative reads their output (ReLU's sign): a training chain "
+       "saves no pre-activation for its hidden layers that use one."},
       {"device_dtypes", device_dtypes, METH_NOARGS,
        "{device type: the names of the dtypes its kernels take}."},
       {"cpu_isa", cpu_isa, METH_VARARGS, kCpuIsaDoc},

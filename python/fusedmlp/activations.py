@@ -8,6 +8,8 @@ from . import _C
 
 # The kernels' registry (csrc/include/fusedmlp/activations.def), in its order.
 ACTIVATIONS: tuple[str, ...] = _C.activations()
+# Those whose derivative reads their output (its DERIVATIVE column): ReLU's sign.
+OUTPUT_DERIVATIVE: frozenset[str] = frozenset(_C.output_derivative_activations())
 
 
 def check_activation(name: object) -> str:

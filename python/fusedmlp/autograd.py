@@ -63,9 +63,9 @@ def _chain_backward(
     grad_biases: list[Tensor | None] = [None] * len(weights)
     for index in reversed(range(len(weights))):
         layer = layers[index]
-        if layer.pre_offset is not None:
-            pre = view(layer.pre_offset, layer.width)
-            grad = _ops.activation_backward(grad, pre, layer.activation)
+        if layer.derivative_offset is not None:  # the pre-activation, or ReLU's output
+            derivative_input = view(layer.derivative_offset, layer.width)
+            grad = _ops.activation_backward(grad, derivative_input, layer.activation)
         below = layers[index - 1] if index > 0 else None
         layer_input = x_rows if below is None else view(below.hidden_offset, below.width)
         grad_weights[index] = grad.t().mm(layer_input)

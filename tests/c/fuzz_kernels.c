@@ -596,8 +596,10 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
   operand x = make_operand(dtype, rows, widths[0], 1.0, 0);
   operand w[MAX_LAYERS];
   fmlp_input w_inputs[MAX_LAYERS];
-  /* what the training forward saved: pre-activations where there is an activation,
-   * every hidden output; random, as the backward takes them as given */
+  /* what the training forward saved: pre-activations where there is an activation
+   * (a hidden layer whose derivative reads its output may go without: its output
+   * serves, as the torch layer passes it), every hidden output; random, as the
+   * backward takes them as given */
   void *pre[MAX_LAYERS], *hid[MAX_LAYERS], *grad_w[MAX_LAYERS], *grad_b[MAX_LAYERS];
   const void *pre_in[MAX_LAYERS], *hid_in[MAX_LAYERS];
   const int with_bias_grads = below(2);
@@ -606,7 +608,9 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
     w[l] = make_operand(dtype, n, k, 1.0 / sqrt((double)(k > 0 ? k : 1)), 0);
     w_inputs[l] = input_of(&w[l]);
     const fmlp_activation act = l == top ? final_activation : hidden;
-    pre_in[l] = pre[l] = act != FMLP_ACT_NONE ? random_matrix(dtype, rows, n) : NULL;
+    const int output_serves = l < top && fmlp_derivative_reads_output(act) && below(2);
+    pre_in[l] = pre[l] =
+        act != FMLP_ACT_NONE && !output_serves ? random_matrix(dtype, rows, n) : NULL;
     hid_in[l] = hid[l] = l < top ? random_matrix(dtype, rows, n) : NULL;
     grad_w[l] = maybe_gradient(dtype, n * k);
     grad_b[l] = with_bias_grads ? maybe_gradient(dtype, n) : NULL;
@@ -654,7 +658,8 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
     const int64_t n = widths[l + 1], k = widths[l];
     const fmlp_activation act = l == top ? final_activation : hidden;
     for (int64_t i = 0; i < rows * n && act != FMLP_ACT_NONE; ++i) {
-      const double slope = reference_activation_grad(get(pre[l], dtype, i), act);
+      const void *derivative_input = pre[l] != NULL ? pre[l] : hid[l];
+      const double slope = reference_activation_grad(get(derivative_input, dtype, i), act);
       grad[i] = stored(dtype, grad[i] * slope);
       magnitude[i] *= activation_magnitude(slope);
     }

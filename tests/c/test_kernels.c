@@ -382,7 +382,11 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
       .dtype = dtype, .rows = m, .n_layers = 2, .widths = widths, .x = x, .weights = w,
       .biases = biases, .hidden_activation = hidden, .final_activation = final, .y = y,
       .y_row_stride = widths[2], .saved_pre = saved_pre, .saved_hidden = saved_hidden};
-  const void *const pre_in[2] = {pre[0], pre[1]}, *const hidden_in[2] = {h, NULL};
+  /* transposed: the forward's own pre-activations; else as the torch layer passes
+   * them, none for a hidden layer whose derivative reads its output (h serves) */
+  const int h_serves = !transposed && fmlp_derivative_reads_output(hidden);
+  const void *const pre_in[2] = {h_serves ? NULL : pre[0], pre[1]},
+                    *const hidden_in[2] = {h, NULL};
   const fmlp_cpu_chain_backward_args backward = {
       .dtype = dtype, .rows = m, .n_layers = 2, .widths = widths, .x = x, .weights = w,
       .hidden_activation = hidden, .final_activation = final, .saved_pre = pre_in,
@@ -820,6 +824,10 @@ int main(int argc, char **argv) {
       test_chain_backward(&t, (fmlp_dtype)dtype, 16, chunked_columns, FMLP_ACT_RELU,
                           FMLP_ACT_NONE, 0, &serial);
     }
+    /* past the column split's rows: the row split's grad_pre passes, ReLU's from h */
+    const int64_t row_split_widths[3] = {19, 37, 23};
+    test_chain_backward(&t, (fmlp_dtype)dtype, 700, row_split_widths, FMLP_ACT_RELU,
+                        FMLP_ACT_RELU, 0, &chunked);
     const int64_t empty_rows_widths[3] = {3, 4, 2};
     test_chain_backward(&t, (fmlp_dtype)dtype, 0, empty_rows_widths, FMLP_ACT_GELU,
                         FMLP_ACT_NONE, 0, &serial);

@@ -140,8 +140,12 @@ fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading
 
 /* The gradients of a chain from what a training call saved: saved_pre[l]
  * for every layer whose activation is not "none", saved_hidden[l] for every
- * layer but the last (as fmlp_cpu_chain writes them). Each gradient pointer
- * may be NULL (not computed); what is computed is written, not accumulated. */
+ * layer but the last (as fmlp_cpu_chain writes them). A hidden layer whose
+ * activation's derivative reads its output (fmlp_derivative_reads_output:
+ * relu) may leave saved_pre[l] NULL; its saved_hidden[l] then serves (the
+ * torch layer saves no pre-activation there, as eager saves ReLU's result
+ * alone). Each gradient pointer may be NULL (not computed); what is computed
+ * is written, not accumulated. */
 typedef struct {
   fmlp_dtype dtype; /* FMLP_F32, FMLP_F64 or FMLP_BF16, shared by every pointer below */
   int64_t rows;

@@ -14,10 +14,26 @@ extern "C" {
 
 /* FMLP_ACT_<ID> for each activation of the registry fusedmlp/activations.def. */
 typedef enum {
-#define FMLP_ACTIVATION(id, name, cublaslt) FMLP_ACT_##id,
+#define FMLP_ACTIVATION(id, name, cublaslt, derivative) FMLP_ACT_##id,
 #include "fusedmlp/activations.def"
   FMLP_ACT_COUNT
 } fmlp_activation;
+
+#define FMLP_DERIVATIVE_PRE 0
+#define FMLP_DERIVATIVE_OUTPUT 1
+
+/* 1 where the activation's derivative is a function of its output
+ * (activations.def's DERIVATIVE column), so that a chain's backward can read
+ * a hidden layer's saved output in place of its pre-activation; else 0. */
+static inline int fmlp_derivative_reads_output(fmlp_activation activation) {
+  switch (activation) {
+#define FMLP_ACTIVATION(id, name, cublaslt, derivative) \
+  case FMLP_ACT_##id: return FMLP_DERIVATIVE_##derivative;
+#include "fusedmlp/activations.def"
+    case FMLP_ACT_COUNT: break;
+  }
+  return 0;
+}
 
 /* Storage type of a tensor. float32 and bfloat16 compute in float,
  * float64 in double; float16 is CUDA only. */
