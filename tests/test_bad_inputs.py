@@ -546,7 +546,7 @@ CHAIN_BACKWARD_CASES = [
          r"saved must be the 1-D buffer of 15 elements .* got shape \[14\]"),
         ("saved for other activations", {"final_activation": "gelu"}, RuntimeError,
          r"saved must be the 1-D buffer of 21 elements"),
-        ("saved dtype", {"saved": _x(30, dtype=torch.bfloat16)}, RuntimeError,
+        ("saved dtype", {"saved": _x(15, dtype=torch.bfloat16)}, RuntimeError,
          r"saved has dtype BFloat16 but x has dtype Float"),
         ("weight chain", {"weights": [_x(5, 4), _x(2, 6)]}, RuntimeError,
          r"weight\[1\] has shape \[2, 6\] and expects 6 input features, but its input has 5"),
