@@ -904,6 +904,38 @@ static void fuzz_invalid(tally *t) {
   bad.widths = negative;
   expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "negative width");
 
+  /* a pre-activation may be left out only where the layer's saved output serves:
+   * a hidden layer whose derivative reads its output (relu) */
+  float h_data[4] = {0}, pre_data[4] = {0}, gy_data[4] = {0}, gw_data[2][4] = {{0}};
+  int64_t backward_widths[3] = {2, 2, 2};
+  const fmlp_input backward_weights[2] = {w, w};
+  const void *hidden_pre_left_out[2] = {NULL, pre_data}, *final_pre_left_out[2] = {pre_data, NULL};
+  const void *saved_hidden[2] = {h_data, NULL};
+  void *grad_weights[2] = {gw_data[0], gw_data[1]};
+  fmlp_cpu_chain_backward_args backward = {
+      .dtype = FMLP_F32,
+      .rows = 2,
+      .n_layers = 2,
+      .widths = backward_widths,
+      .x = {x_data, 2, 1},
+      .weights = backward_weights,
+      .hidden_activation = FMLP_ACT_RELU,
+      .final_activation = FMLP_ACT_RELU,
+      .saved_pre = hidden_pre_left_out,
+      .saved_hidden = saved_hidden,
+      .grad_y = gy_data,
+      .grad_weights = grad_weights,
+  };
+  expect_status(t, fmlp_cpu_chain_backward(&backward, NULL), FMLP_OK,
+                "relu hidden layer without its pre-activation");
+  backward.hidden_activation = FMLP_ACT_GELU;
+  expect_status(t, fmlp_cpu_chain_backward(&backward, NULL), FMLP_ERR_INVALID_ARGUMENT,
+                "gelu hidden layer without its pre-activation");
+  backward.hidden_activation = FMLP_ACT_RELU;
+  backward.saved_pre = final_pre_left_out;
+  expect_status(t, fmlp_cpu_chain_backward(&backward, NULL), FMLP_ERR_INVALID_ARGUMENT,
+                "relu last layer without its pre-activation");
+
   fmlp_cpu_gated_args gated = {
       .dtype = FMLP_F64,
       .rows = INT64_MAX / 4,
