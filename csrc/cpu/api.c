@@ -144,9 +144,9 @@ static fmlp_status check_chain_backward(const fmlp_cpu_chain_backward_args *a) {
     const int last = l == a->n_layers - 1;
     const fmlp_activation activation = last ? a->final_activation : a->hidden_activation;
     status = check_extent(a->weights[l].data, width, a->widths[l]);
-    const int hidden_serves = !last && a->saved_pre[l] == NULL &&
-                              fmlp_derivative_reads_output(activation);
-    if (status == FMLP_OK && activation != FMLP_ACT_NONE && !hidden_serves) {
+    /* a layer whose saved output serves may still be handed its pre-activation */
+    const int pre_given = activation != FMLP_ACT_NONE && a->saved_pre[l] != NULL;
+    if (status == FMLP_OK && (fmlp_chain_saves_pre(activation, last) || pre_given)) {
       status = check_extent(a->saved_pre[l], a->rows, width);
     }
     if (status == FMLP_OK && !last) status = check_extent(a->saved_hidden[l], a->rows, width);

@@ -272,10 +272,7 @@ SavedChainLayout saved_chain_layout(int64_t rows, const std::vector<int64_t> &wi
   for (size_t l = 0; l < n_layers; ++l) {
     const bool last = l + 1 == n_layers;
     const int64_t size = rows * widths[l + 1];
-    const fmlp_activation activation = last ? final_activation : hidden;
-    // A hidden layer's saved output serves a derivative that reads the output (ReLU's).
-    const bool save_pre = activation != FMLP_ACT_NONE &&
-                          (last || !fmlp_derivative_reads_output(activation));
+    const bool save_pre = fmlp_chain_saves_pre(last ? final_activation : hidden, last);
     layout.pre_offset.push_back(save_pre ? layout.total : -1);
     layout.total += save_pre ? size : 0;
     layout.hidden_offset.push_back(last ? -1 : layout.total);

@@ -35,6 +35,13 @@ static inline int fmlp_derivative_reads_output(fmlp_activation activation) {
   return 0;
 }
 
+/* Whether a training chain saves a layer's pre-activation: where it has an
+ * activation whose derivative reads it, or where it is the last layer (whose
+ * output is returned, not saved). */
+static inline int fmlp_chain_saves_pre(fmlp_activation activation, int last) {
+  return activation != FMLP_ACT_NONE && (last || !fmlp_derivative_reads_output(activation));
+}
+
 /* Storage type of a tensor. float32 and bfloat16 compute in float,
  * float64 in double; float16 is CUDA only. */
 typedef enum {
