@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import fusedmlp
 import pytest
 import torch
@@ -22,6 +26,22 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
 ISAS = {isa.name: isa for isa in cpu_isas()}
+
+_OWN_COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """torch.compile's on-disk caches key a graph on the names of its ops, not on their
+    schemas or autograd formulas: a cache an earlier build of fusedmlp wrote would replay
+    that build's backward graphs. So a test run compiles into a cache of its own (its
+    subprocesses inherit it), unless TORCHINDUCTOR_CACHE_DIR names one."""
+    if _OWN_COMPILE_CACHE:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="fusedmlp-tests-inductor-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWN_COMPILE_CACHE:
+        shutil.rmtree(os.environ.pop("TORCHINDUCTOR_CACHE_DIR"), ignore_errors=True)
 
 
 @pytest.fixture(params=list(ISAS))

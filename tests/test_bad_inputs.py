@@ -522,7 +522,7 @@ def _chain_backward(**changes: object) -> object:
     x, weights = _x(3, 4), [_x(5, 4), _x(2, 5)]
     y, saved = ops.mlp_train(x, weights, [], "relu")
     args = {
-        "grad_y": torch.ones_like(y), "x": x, "weights": weights, "saved": saved,
+        "grad_y": torch.ones_like(y), "x": x, "weights": weights, "saved": saved, "y": None,
         "bias": False, "hidden_activation": "relu", "final_activation": "none",
         "need_grad_x": True,
     }
@@ -548,6 +548,13 @@ CHAIN_BACKWARD_CASES = [
          r"saved must be the 1-D buffer of 21 elements"),
         ("saved dtype", {"saved": _x(15, dtype=torch.bfloat16)}, RuntimeError,
          r"saved has dtype BFloat16 but x has dtype Float"),
+        ("y missing where a final relu reads it", {"final_activation": "relu"}, RuntimeError,
+         r"y \(the forward's output\) is required: the derivative of the final activation "
+         r"'relu' reads it"),
+        ("y shape", {"final_activation": "relu", "y": _x(3, 5)}, RuntimeError,
+         r"y must have the output's shape \[3, 2\], got \[3, 5\]"),
+        ("y dtype", {"y": _x(3, 2, dtype=torch.float64)}, RuntimeError,
+         r"y has dtype Double but x has dtype Float"),
         ("weight chain", {"weights": [_x(5, 4), _x(2, 6)]}, RuntimeError,
          r"weight\[1\] has shape \[2, 6\] and expects 6 input features, but its input has 5"),
         ("unknown activation", {"hidden_activation": "elu"}, ValueError,

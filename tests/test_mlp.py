@@ -133,6 +133,9 @@ def test_training_saves_a_pre_activation_only_where_the_derivative_reads_it(acti
     outputs = rows * (8 + 9)
     reads_pre = activation not in ("none", "relu")
     assert saved.numel() == outputs * (2 if reads_pre else 1)
+    # One layer saves nothing but a pre-activation; a final ReLU's backward reads y.
+    _, saved = torch.ops.fusedmlp.linear_train(x, weights[0], biases[0], activation)
+    assert saved.numel() == (rows * 8 if reads_pre else 0)
 
 
 def test_a_relu_mlp_saves_for_backward_what_eager_saves(generator):
@@ -147,6 +150,24 @@ def test_a_relu_mlp_saves_for_backward_what_eager_saves(generator):
     assert saved_for_backward(fused, x, cpu, compiled=False) == eager_bytes
 
 
+def test_a_stack_of_relu_linears_saves_for_backward_what_eager_saves(generator):
+    """FusedLinear(activation="relu") layers swapped in one by one: each saves its output
+    for its ReLU's derivative (the next layer saves it too, as its x), no pre-activation."""
+    from fusedmlp.tools.memory import saved_for_backward
+
+    sizes = [64, 128, 128, 32]
+    linears = [nn.Linear(n_in, n_out) for n_in, n_out in zip(sizes[:-1], sizes[1:])]
+    eager = nn.Sequential(*(layer for linear in linears for layer in (linear, nn.ReLU())))
+    fused = nn.Sequential(*(fusedmlp.FusedLinear.from_linear(m, "relu") for m in linears))
+    x = torch.randn(16, 64, generator=generator)
+    torch.testing.assert_close(fused(x), eager(x))
+    cpu = torch.device("cpu")
+    eager_bytes = saved_for_backward(eager, x, cpu, compiled=False)
+    # the hidden ReLUs' outputs (the last one's is y, which saved_for_backward leaves out)
+    assert eager_bytes >= 16 * (128 + 128) * 4
+    assert saved_for_backward(fused, x, cpu, compiled=False) == eager_bytes
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("need_grad_x", [True, False])
 def test_opcheck_chain_backward(bias, need_grad_x, generator):
@@ -155,7 +176,13 @@ def test_opcheck_chain_backward(bias, need_grad_x, generator):
     present = [b for b in biases if b is not None]
     for activation in ACTIVATIONS:
         y, saved = torch.ops.fusedmlp.mlp_train(x, weights, present, activation)
-        args = (torch.randn_like(y), x, weights, saved, bias, activation, "none", need_grad_x)
+        grad_y = torch.randn_like(y)
+        args = (grad_y, x, weights, saved, None, bias, activation, "none", need_grad_x)
+        opcheck(torch.ops.fusedmlp.chain_backward.default, args)
+        # the same chain ending in the activation, which may read y
+        y, saved = torch.ops.fusedmlp.linear_train(x, weights[0], biases[0], activation)
+        grad_y = torch.randn_like(y)
+        args = (grad_y, x, weights[:1], saved, y, bias, "none", activation, need_grad_x)
         opcheck(torch.ops.fusedmlp.chain_backward.default, args)
 
 

@@ -46,7 +46,7 @@ def _op_calls(name: str) -> tuple[tuple, list[torch.Tensor], Callable[[], torch.
     w, w_gate, w_up = (torch.randn(n, DIM, requires_grad=True) for n in (OUT, HIDDEN, HIDDEN))
     w_down = torch.randn(DIM, HIDDEN, requires_grad=True)
     if name == "linear":
-        return (x, w, None, "relu"), [w], lambda: fusedmlp.linear(x, w, None, "relu")
+        return (x, w, None, "gelu"), [w], lambda: fusedmlp.linear(x, w, None, "gelu")
     if name == "mlp":
         weights = [w_gate, w_down]
         return (x, weights, [], "gelu"), weights, lambda: fusedmlp.mlp(x, weights, None, "gelu")
@@ -71,3 +71,20 @@ def test_op_outputs_are_not_views(name: str, training: bool) -> None:
     functional().mul(2).sum().backward()
     for grad, w in zip(got, weights, strict=True):
         torch.testing.assert_close(grad, w.grad)
+
+
+@pytest.mark.parametrize("call", ["eager", "op", "functional"])
+def test_an_in_place_op_on_a_relu_output_is_refused_as_eager_refuses_it(call: str) -> None:
+    """ReLU's backward reads its output (eager's and ours alike, which is why neither saves
+    the pre-activation): modified in place, it can no longer serve, and backward says so."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, DIM)
+    w = torch.randn(OUT, DIM, requires_grad=True)
+    y = {
+        "eager": lambda: torch.relu(torch.nn.functional.linear(x, w)),
+        "op": lambda: torch.ops.fusedmlp.linear_train(x, w, None, "relu")[0],
+        "functional": lambda: fusedmlp.linear(x, w, None, "relu"),
+    }[call]()
+    y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

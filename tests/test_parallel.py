@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from conftest import tolerances
+from conftest import reference_activation, tolerances
 from distributed_spawn import run_ranks
 from torch import Tensor, nn
 
@@ -32,7 +32,10 @@ TIMEOUT_S = 120
 DIM, HIDDEN, OUT = 8, 16, 6  # HIDDEN and OUT split evenly over the ranks
 BATCH, SEQ = 4, 4  # x is (BATCH, SEQ, DIM); FSDP splits the batch, sequence parallel SEQ
 DTYPES = [torch.float32, torch.bfloat16]
-TP_KINDS = ["linear", "mlp", "gated"]
+TP_KINDS = ["linear", "relu_linear", "mlp", "gated"]
+# The two-layer kinds' activation (ReLU's backward reads the layer's output, not a saved
+# pre-activation); the "linear" kinds swap in a FusedLinear per layer, "mlp" a FusedMLP.
+TWO_LAYER_ACTIVATIONS = {"linear": "gelu", "relu_linear": "relu", "mlp": "gelu"}
 LR = 0.1
 VIEW_WARNING = "returned a view tensor"  # FSDP2 on a module output that is a view
 
@@ -65,16 +68,17 @@ def plain_model(kind: str, dtype: torch.dtype) -> nn.Module:
             PlainGated(DIM, HIDDEN),
         )
     else:
-        model = nn.Sequential(nn.Linear(DIM, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, OUT))
+        activation = reference_activation(TWO_LAYER_ACTIVATIONS[kind])
+        model = nn.Sequential(nn.Linear(DIM, HIDDEN), activation, nn.Linear(HIDDEN, OUT))
     return model.to(dtype)
 
 
 def fused_model(kind: str, dtype: torch.dtype) -> nn.Module:
     """plain_model's fused twin, sharing its Parameters."""
     plain = plain_model(kind, dtype)
-    if kind == "linear":  # named as in plain, so that the gradients' names match
+    if kind in ("linear", "relu_linear"):  # named as in plain, so the gradients' names match
         layers = {
-            "0": fusedmlp.FusedLinear.from_linear(plain[0], activation="gelu"),
+            "0": fusedmlp.FusedLinear.from_linear(plain[0], TWO_LAYER_ACTIVATIONS[kind]),
             "2": fusedmlp.FusedLinear.from_linear(plain[2]),
         }
         return nn.Sequential(OrderedDict(layers))
@@ -88,6 +92,7 @@ def tp_plan(kind: str) -> dict:
 
     return {
         "linear": {"0": ColwiseParallel(), "2": RowwiseParallel()},
+        "relu_linear": {"0": ColwiseParallel(), "2": RowwiseParallel()},
         "mlp": {"0": ColwiseParallel(), "2": RowwiseParallel()},
         "gated": {
             "gate_proj": ColwiseParallel(),
@@ -100,7 +105,7 @@ def tp_plan(kind: str) -> dict:
 def batch(kind: str) -> tuple[Tensor, Tensor]:
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(BATCH, SEQ, DIM, generator=generator)
-    out = OUT if kind in ("linear", "mlp") else DIM
+    out = OUT if kind in ("linear", "relu_linear", "mlp") else DIM
     return x, torch.randn(BATCH, SEQ, out, generator=generator)
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import fusedmlp
 import pytest
 import torch
+from conftest import FUNCTIONAL
 from torch.utils._python_dispatch import TorchDispatchMode
 
 DIM, HIDDEN, OUT = 6, 10, 4
@@ -26,11 +27,13 @@ def calls() -> dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], list[torc
     """name -> (the call, its parameters, the training op's name)"""
     torch.manual_seed(0)
     linear = fusedmlp.FusedLinear(DIM, OUT, activation="gelu")
+    relu_linear = fusedmlp.FusedLinear(DIM, OUT, activation="relu")
     mlp = fusedmlp.FusedMLP([DIM, HIDDEN, HIDDEN, OUT], activation="silu")
     unbiased = fusedmlp.FusedMLP([DIM, HIDDEN, OUT], bias=False)
     gated = fusedmlp.FusedGatedMLP(DIM, HIDDEN, activation="gelu_tanh", bias=True)
     return {
         "linear": (linear, list(linear.parameters()), "linear_train"),
+        "relu linear": (relu_linear, list(relu_linear.parameters()), "linear_train"),
         "mlp": (mlp, list(mlp.parameters()), "mlp_train"),
         "mlp without biases": (unbiased, list(unbiased.parameters()), "mlp_train"),
         "gated_mlp": (gated, list(gated.parameters()), "gated_mlp_train"),
@@ -46,8 +49,16 @@ def test_eager_calls_take_the_function_and_save_no_bias(name: str) -> None:
     assert type(y.grad_fn).__name__ == expected
     weights = [p for p in parameters if p.dim() == 2]
     saved = y.grad_fn.saved_tensors
-    assert len(saved) == 2 + len(weights)
     assert saved[0] is x
+    if name == "gated_mlp":
+        assert len(saved) == 2 + len(weights)
+    else:  # y, kept where the final activation's derivative reads it (ReLU's)
+        assert len(saved) == 3 + len(weights)
+        kept_y, saved = saved[2], saved[:2] + saved[3:]
+        if name == "relu linear":
+            assert kept_y.data_ptr() == y.data_ptr()
+        else:
+            assert kept_y is None
     assert all(s is w for s, w in zip(saved[2:], weights, strict=True))
 
 
@@ -143,7 +154,8 @@ def eager_twin(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor
     (possibly replaced or parametrized) parameters."""
     functional = torch.nn.functional
     if isinstance(module, fusedmlp.FusedLinear):
-        return lambda x: functional.gelu(functional.linear(x, module.weight, module.bias))
+        activation = FUNCTIONAL[module.activation]
+        return lambda x: activation(functional.linear(x, module.weight, module.bias))
     if isinstance(module, fusedmlp.FusedMLP):
         return lambda x: torch.nn.Sequential.forward(module, x)
     return lambda x: module.down_proj(

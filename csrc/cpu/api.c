@@ -144,10 +144,12 @@ static fmlp_status check_chain_backward(const fmlp_cpu_chain_backward_args *a) {
     const int last = l == a->n_layers - 1;
     const fmlp_activation activation = last ? a->final_activation : a->hidden_activation;
     status = check_extent(a->weights[l].data, width, a->widths[l]);
-    /* a layer whose saved output serves may still be handed its pre-activation */
+    /* a layer whose output serves may still be handed its pre-activation */
     const int pre_given = activation != FMLP_ACT_NONE && a->saved_pre[l] != NULL;
-    if (status == FMLP_OK && (fmlp_chain_saves_pre(activation, last) || pre_given)) {
+    if (status == FMLP_OK && (fmlp_chain_saves_pre(activation) || pre_given)) {
       status = check_extent(a->saved_pre[l], a->rows, width);
+    } else if (status == FMLP_OK && last && activation != FMLP_ACT_NONE) {
+      status = check_extent(a->y, a->rows, width); /* the output serves */
     }
     if (status == FMLP_OK && !last) status = check_extent(a->saved_hidden[l], a->rows, width);
     if (width > max_width) max_width = width;

@@ -129,10 +129,12 @@ fmlp_status FN(fmlp_cpu_gated_backward)(int64_t n, const void *grad_product, con
  * (past BACKWARD_COLUMNS_MAX_ROWS; the helpers below serve both splits) */
 
 /* What layer l's activation derivative reads: its saved pre-activation, or
- * where none was saved (a hidden layer whose derivative reads its output:
- * fmlp_derivative_reads_output) its saved output, whose sign is ReLU's. */
+ * where none was saved (a layer whose derivative reads its output:
+ * fmlp_derivative_reads_output) its output, whose sign is ReLU's: the saved
+ * hidden output, or the chain's y for the last layer. */
 static const STORE *FN(derivative_input)(const fmlp_cpu_chain_backward_args *a, int64_t l) {
-  return a->saved_pre[l] != NULL ? a->saved_pre[l] : a->saved_hidden[l];
+  if (a->saved_pre[l] != NULL) return a->saved_pre[l];
+  return l + 1 < a->n_layers ? a->saved_hidden[l] : a->y;
 }
 
 static fmlp_input FN(transposed)(fmlp_input m) {

@@ -114,13 +114,13 @@ void check_bias(const char *op, ArgName name, const OptionalTensor &bias,
   check_same(op, name, *bias, x);
 }
 
-void check_grad_y(const char *op, const Tensor &grad_y, const Tensor &x,
-                  int64_t out_features) {
-  check_same(op, "grad_y", grad_y, x);
+// grad_y, or the forward's output y: the output's shape, x's dtype and device.
+void check_output_shaped(const char *op, const char *name, const Tensor &t, const Tensor &x,
+                         int64_t out_features) {
+  check_same(op, name, t, x);
   const std::vector<int64_t> shape = output_shape(x, out_features);
-  FMLP_CHECK(grad_y.sizes().equals(shape), op,
-              ": grad_y must have the output's shape ", Shape{shape}, ", got ",
-              Shape{grad_y.sizes()});
+  FMLP_CHECK(t.sizes().equals(shape), op, ": ", name, " must have the output's shape ",
+              Shape{shape}, ", got ", Shape{t.sizes()});
 }
 
 }  // namespace
@@ -168,11 +168,16 @@ void check_chain(const char *op, const Tensor &x, TensorList weights,
 }
 
 void check_chain_backward(const char *op, const Tensor &grad_y, const Tensor &x,
-                          TensorList weights, const Tensor &saved,
+                          TensorList weights, const Tensor &saved, const OptionalTensor &y,
                           fmlp_activation hidden, fmlp_activation final_activation,
                           const std::vector<ScalarType> &dtypes) {
   check_chain(op, x, weights, {}, dtypes);
-  check_grad_y(op, grad_y, x, weights.back().size(0));
+  const int64_t out_features = weights.back().size(0);
+  check_output_shaped(op, "grad_y", grad_y, x, out_features);
+  FMLP_CHECK(y.has_value() || !fmlp_derivative_reads_output(final_activation), op,
+              ": y (the forward's output) is required: the derivative of the final activation '",
+              kActivationNames[final_activation], "' reads it");
+  if (y.has_value()) check_output_shaped(op, "y", *y, x, out_features);
   check_same(op, "saved", saved, x);
   const SavedChainLayout layout =
       saved_chain_layout(leading_rows(op, x), chain_widths(x, weights), hidden, final_activation);
@@ -208,7 +213,7 @@ void check_gated_backward(const char *op, const Tensor &grad_y, const Tensor &x,
                           const Tensor &w_down, const Tensor &saved,
                           const std::vector<ScalarType> &dtypes) {
   check_gated(op, x, w_gate, w_up, w_down, std::nullopt, std::nullopt, std::nullopt, dtypes);
-  check_grad_y(op, grad_y, x, w_down.size(0));
+  check_output_shaped(op, "grad_y", grad_y, x, w_down.size(0));
   check_same(op, "saved", saved, x);
   const std::vector<int64_t> shape = {3, leading_rows(op, x), w_gate.size(0)};
   FMLP_CHECK(saved.sizes().equals(shape), op, ": saved must have shape ", Shape{shape},
@@ -272,7 +277,7 @@ SavedChainLayout saved_chain_layout(int64_t rows, const std::vector<int64_t> &wi
   for (size_t l = 0; l < n_layers; ++l) {
     const bool last = l + 1 == n_layers;
     const int64_t size = rows * widths[l + 1];
-    const bool save_pre = fmlp_chain_saves_pre(last ? final_activation : hidden, last);
+    const bool save_pre = fmlp_chain_saves_pre(last ? final_activation : hidden);
     layout.pre_offset.push_back(save_pre ? layout.total : -1);
     layout.total += save_pre ? size : 0;
     layout.hidden_offset.push_back(last ? -1 : layout.total);

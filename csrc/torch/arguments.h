@@ -82,11 +82,13 @@ void check_dtype(const char *op, const char *name, const Tensor &t,
 // Layer l's bias, if the chain has biases.
 OptionalTensor bias_at(TensorList biases, size_t layer);
 
-// Validates the backward of a chain: x and weights as check_chain, grad_y of the
-// output's shape, saved of the length saved_chain_layout gives.
+// Validates the backward of a chain: x and weights as check_chain, grad_y and y
+// of the output's shape (y required where the final activation's derivative reads
+// it), saved of the length saved_chain_layout gives.
 void check_chain_backward(const char *op, const Tensor &grad_y, const Tensor &x,
-                          TensorList weights, const Tensor &saved, fmlp_activation hidden,
-                          fmlp_activation final_activation, const std::vector<ScalarType> &dtypes);
+                          TensorList weights, const Tensor &saved, const OptionalTensor &y,
+                          fmlp_activation hidden, fmlp_activation final_activation,
+                          const std::vector<ScalarType> &dtypes);
 
 void check_gated(const char *op, const Tensor &x, const Tensor &w_gate, const Tensor &w_up,
                  const Tensor &w_down, const OptionalTensor &bias_gate,
@@ -126,10 +128,9 @@ Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width
 std::vector<int64_t> output_shape(const Tensor &x, int64_t out_features);
 
 // Which saved tensors a training chain keeps, in order, in one flat buffer:
-// for each layer l, its pre-activation when its activation is not "none" (and,
-// on a hidden layer, its derivative does not read the output instead:
-// fmlp_derivative_reads_output), then its output h_{l+1} when it is not the
-// last layer.
+// for each layer l, its pre-activation when its activation is not "none" and
+// its derivative does not read the output instead (fmlp_chain_saves_pre), then
+// its output h_{l+1} when it is not the last layer (the last one's is y).
 struct SavedChainLayout {
   std::vector<int64_t> pre_offset;     // -1: not saved
   std::vector<int64_t> hidden_offset;  // -1: not saved

@@ -368,13 +368,16 @@ BackwardInputs backward_inputs(const Tensor &x, const Tensor &grad_y, const Tens
 // ops (autograd.py).
 std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
     const Tensor &grad_y, const Tensor &x, TensorList weights,
-    const Tensor &saved, bool bias, std::string_view hidden_activation,
+    const Tensor &saved, const OptionalTensor &y, bool bias, std::string_view hidden_activation,
     std::string_view final_activation, bool need_grad_x) {
   const char *op = "fusedmlp.chain_backward";
   const fmlp_activation hidden = parse_activation(hidden_activation),
                         final_act = parse_activation(final_activation);
-  check_chain_backward(op, grad_y, x, weights, saved, hidden, final_act, CpuBackend::dtypes());
+  check_chain_backward(op, grad_y, x, weights, saved, y, hidden, final_act,
+                       CpuBackend::dtypes());
   const auto [options, x_rows, grad, saved_rows] = backward_inputs(x, grad_y, saved);
+  const OptionalTensor y_rows =
+      y.has_value() ? OptionalTensor(as_contiguous(as_rows(*y))) : std::nullopt;
   const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
   const std::vector<int64_t> widths = chain_widths(x, weights);
   const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_act);
@@ -413,6 +416,7 @@ std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
       .final_activation = final_act,
       .saved_pre = pre_data.data(),
       .saved_hidden = hidden_data.data(),
+      .y = optional_data(y_rows),
       .grad_y = grad.data_ptr(),
       .grad_x = need_grad_x ? grad_x.data_ptr() : nullptr,
       .grad_weights = grad_w_data.data(),

@@ -11,11 +11,12 @@ STABLE_TORCH_LIBRARY(fusedmlp, m) {
   m.def(
       "mlp_train(Tensor x, Tensor[] weights, Tensor[] biases, str activation)"
       " -> (Tensor, Tensor)");
-  // The gradients of linear / mlp from their training twin's saved buffer; grad_x is
+  // The gradients of linear / mlp from their training twin's output y and saved buffer
+  // (y may be None unless the final activation's derivative reads it: relu); grad_x is
   // an empty tensor unless need_grad_x, grad_biases empty unless bias.
   m.def(
-      "chain_backward(Tensor grad_y, Tensor x, Tensor[] weights, Tensor saved, bool bias,"
-      " str hidden_activation, str final_activation, bool need_grad_x)"
+      "chain_backward(Tensor grad_y, Tensor x, Tensor[] weights, Tensor saved, Tensor? y,"
+      " bool bias, str hidden_activation, str final_activation, bool need_grad_x)"
       " -> (Tensor grad_x, Tensor[] grad_weights, Tensor[] grad_biases)");
   m.def(
       "gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? bias_gate,"

@@ -15,9 +15,10 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _C  # noqa: F401  (registers the ops)
+from .activations import OUTPUT_DERIVATIVE
 from .profiling import labelled_layers
 from .registry import cpu_gemm_in_aten
-from .saved_layout import chain_layout, leading_rows
+from .saved_layout import ChainLayer, chain_layout, leading_rows
 
 _ops = torch.ops.fusedmlp
 
@@ -34,19 +35,21 @@ def _chain_backward(
     weights: list[Tensor],
     has_bias: bool,
     saved: Tensor,
+    y: Tensor | None,
     grad_y: Tensor,
     hidden: str,
     final: str,
     need_grad_x: bool = True,
 ) -> tuple[Tensor | None, list[Tensor], list[Tensor | None]]:
-    """Gradients of a chain whose biases are all present (has_bias) or all absent; grad_x
-    is None when not needed (the first layer's dX GEMM, a sixth of a 3-layer backward, is
-    skipped as eager autograd does). On CPU one fusedmlp::chain_backward call runs it all
-    through our GEMM core; elsewhere, and for a double backward, ATen GEMMs around
-    fusedmlp::activation_backward."""
+    """Gradients of a chain whose biases are all present (has_bias) or all absent, from
+    its saved buffer and, where the final activation's derivative reads it, its output y;
+    grad_x is None when not needed (the first layer's dX GEMM, a sixth of a 3-layer
+    backward, is skipped as eager autograd does). On CPU one fusedmlp::chain_backward call
+    runs it all through our GEMM core; elsewhere, and for a double backward, ATen GEMMs
+    around fusedmlp::activation_backward."""
     if _whole_backward_on_cpu(x):
         grad_x, grad_weights, grad_biases = _ops.chain_backward(
-            grad_y, x, weights, saved, has_bias, hidden, final, need_grad_x
+            grad_y, x, weights, saved, y, has_bias, hidden, final, need_grad_x
         )
         biases: list[Tensor | None] = list(grad_biases) or [None] * len(weights)
         return (grad_x if need_grad_x else None), list(grad_weights), biases
@@ -58,14 +61,21 @@ def _chain_backward(
     def view(offset: int, width: int) -> Tensor:
         return saved[offset : offset + rows * width].view(rows, width)
 
+    def derivative_input(layer: ChainLayer) -> Tensor:
+        """The pre-activation, or where none is saved (ReLU) the layer's output."""
+        offset = layer.pre_offset if layer.pre_offset is not None else layer.hidden_offset
+        if offset is None:  # the last layer's output
+            assert y is not None, "the final activation's derivative reads y"
+            return y.reshape(rows, layer.width)
+        return view(offset, layer.width)
+
     grad = grad_y.reshape(rows, widths[-1])
     grad_weights: list[Tensor] = [torch.empty(0)] * len(weights)
     grad_biases: list[Tensor | None] = [None] * len(weights)
     for index in reversed(range(len(weights))):
         layer = layers[index]
-        if layer.derivative_offset is not None:  # the pre-activation, or ReLU's output
-            derivative_input = view(layer.derivative_offset, layer.width)
-            grad = _ops.activation_backward(grad, derivative_input, layer.activation)
+        if layer.activation != "none":
+            grad = _ops.activation_backward(grad, derivative_input(layer), layer.activation)
         below = layers[index - 1] if index > 0 else None
         layer_input = x_rows if below is None else view(below.hidden_offset, below.width)
         grad_weights[index] = grad.t().mm(layer_input)
@@ -176,6 +186,12 @@ class _ChainOp:
     def final(self, activation: str) -> str:
         return activation if self.single_layer else "none"
 
+    def backward_reads_y(self, activation: str) -> bool:
+        """Whether the backward reads the output y: where the final activation's
+        derivative does (ReLU; no pre-activation is saved then, as eager saves only
+        ReLU's result)."""
+        return self.final(activation) in OUTPUT_DERIVATIVE
+
     def differentiable(self, activation: str) -> bool:
         """One layer without activation differentiates only through x and weight, so its
         backward may itself be differentiated."""
@@ -202,7 +218,7 @@ class ChainTrain(torch.autograd.Function):
         weights, biases = parameters[:n_weights], parameters[n_weights:]
         with torch._C._AutoDispatchBelowAutograd(), labelled_layers():
             y, saved = chain.train(x, weights, biases, activation)
-        ctx.save_for_backward(x, saved, *weights)
+        ctx.save_for_backward(x, saved, y if chain.backward_reads_y(activation) else None, *weights)
         ctx.chain, ctx.activation, ctx.has_bias = chain, activation, bool(biases)
         return y
 
@@ -210,9 +226,9 @@ class ChainTrain(torch.autograd.Function):
     def backward(ctx, grad_y):  # type: ignore[override]
         chain, activation, has_bias = ctx.chain, ctx.activation, ctx.has_bias
         _refuse_double_backward(chain.name, chain.differentiable(activation))
-        x, saved, *weights = ctx.saved_tensors
+        x, saved, y, *weights = ctx.saved_tensors
         grad_x, grad_weights, grad_biases = _chain_backward(
-            x, weights, has_bias, saved, grad_y, activation, chain.final(activation),
+            x, weights, has_bias, saved, y, grad_y, activation, chain.final(activation),
             need_grad_x=ctx.needs_input_grad[0],
         )
         return grad_x, None, None, None, *grad_weights, *(grad_biases if has_bias else ())
@@ -272,33 +288,35 @@ def train_gated(*args) -> Tensor:
 
 
 def _save(
-    ctx, x: Tensor, saved: Tensor, weights: list[Tensor], biases: list, y: Tensor
+    ctx, x: Tensor, saved: Tensor, weights: list[Tensor], biases: list, y: Tensor, keep_y: bool
 ) -> None:
     # `saved` never gets a gradient; materialized, it would be a zero-filled tensor its size
     # on every backward (0.5 ms of a 7 ms training step at 256 x 512 x 3 layers).
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, saved, *weights, *[b for b in biases if b is not None])
+    kept_y = y if keep_y else None
+    ctx.save_for_backward(x, saved, kept_y, *weights, *[b for b in biases if b is not None])
     ctx.n_weights = len(weights)
     ctx.has_bias = [b is not None for b in biases]
     # A DTensor output (tensor parallelism) says which sharding strategy ran: see sharding.py.
     ctx.placements = getattr(y, "placements", None)
 
 
-def _backward_maybe_sharded(ctx, op: str, local_backward, grad_y, x, weights, saved):
-    """local_backward(grad_y, x, weights, saved) on plain tensors, or on each rank's
+def _backward_maybe_sharded(ctx, op: str, local_backward, grad_y, x, weights, saved, y):
+    """local_backward(grad_y, x, weights, saved, y) on plain tensors, or on each rank's
     shards when the forward ran on DTensors."""
     if ctx.placements is None:
-        return local_backward(grad_y, x, weights, saved)
+        return local_backward(grad_y, x, weights, saved, y)
     from .sharding import backward_on_shards
 
-    return backward_on_shards(op, ctx.placements, local_backward, grad_y, x, weights, saved)
+    return backward_on_shards(op, ctx.placements, local_backward, grad_y, x, weights, saved, y)
 
 
-def _saved_inputs(ctx) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor | None]]:
-    x, saved, *rest = ctx.saved_tensors
+def _saved_inputs(ctx) -> tuple[Tensor, Tensor, Tensor | None, list[Tensor], list[Tensor | None]]:
+    """x, saved, y (None unless kept), the weights and the biases."""
+    x, saved, y, *rest = ctx.saved_tensors
     weights, present = rest[: ctx.n_weights], iter(rest[ctx.n_weights :])
     biases = [next(present) if has else None for has in ctx.has_bias]
-    return x, saved, weights, biases
+    return x, saved, y, weights, biases
 
 
 def _grad_or_zeros(grad_y: Tensor | None, x: Tensor, out_features: int) -> Tensor:
@@ -315,21 +333,24 @@ def _register_chain(chain: _ChainOp) -> None:
         saved = output[1] if training else x.new_empty(0)
         if training:
             ctx.mark_non_differentiable(saved)
-        _save(ctx, x, saved, weights, biases, output[0] if training else output)
+        y = output[0] if training else output
+        _save(ctx, x, saved, weights, biases, y, training and chain.backward_reads_y(activation))
         ctx.activation, ctx.recompute = activation, not training
 
     def backward(ctx, grad_y: Tensor | None, *_unused):
         _refuse_double_backward(chain.name, chain.differentiable(ctx.activation))
-        x, saved, weights, biases = _saved_inputs(ctx)
+        x, saved, y, weights, biases = _saved_inputs(ctx)
         if ctx.recompute:
-            saved = train_op(*chain.pack(x, weights, biases, ctx.activation))[1]
+            y, saved = train_op(*chain.pack(x, weights, biases, ctx.activation))
+            y = y if chain.backward_reads_y(ctx.activation) else None
 
-        def local_backward(grad_y, x, weights, saved):
+        def local_backward(grad_y, x, weights, saved, y):
             return _chain_backward(
                 x,
                 weights,
                 ctx.has_bias[0],
                 saved,
+                y,
                 grad_y,
                 ctx.activation,
                 chain.final(ctx.activation),
@@ -338,7 +359,7 @@ def _register_chain(chain: _ChainOp) -> None:
 
         grad_y = _grad_or_zeros(grad_y, x, weights[-1].shape[0])
         grad_x, grad_weights, grad_biases = _backward_maybe_sharded(
-            ctx, chain.name, local_backward, grad_y, x, weights, saved
+            ctx, chain.name, local_backward, grad_y, x, weights, saved, y
         )
         return chain.pack(grad_x, grad_weights, grad_biases, None)
 
@@ -365,17 +386,17 @@ def _register_gated() -> None:
         if training:
             ctx.mark_non_differentiable(saved)
         y = output[0] if training else output
-        _save(ctx, x, saved, [w_gate, w_up, w_down], [bias_gate, bias_up, bias_down], y)
+        _save(ctx, x, saved, [w_gate, w_up, w_down], [bias_gate, bias_up, bias_down], y, False)
         ctx.activation, ctx.recompute = activation, not training
 
     def backward(ctx, grad_y: Tensor | None, *_unused):
         _refuse_double_backward("gated_mlp", False)
-        x, saved, weights, biases = _saved_inputs(ctx)
+        x, saved, _, weights, biases = _saved_inputs(ctx)
         if ctx.recompute:
             saved = _ops.gated_mlp_train(x, *weights, *biases, ctx.activation)[1]
         grad_y = _grad_or_zeros(grad_y, x, weights[2].shape[0])
 
-        def local_backward(grad_y, x, weights, saved):
+        def local_backward(grad_y, x, weights, saved, _y):  # the gated backward reads no y
             grads = _gated_backward(
                 x, *weights, tuple(ctx.has_bias), saved, grad_y, ctx.activation,
                 need_grad_x=ctx.needs_input_grad[0],
@@ -383,7 +404,7 @@ def _register_gated() -> None:
             return grads[0], list(grads[1:4]), list(grads[4:])
 
         grad_x, grad_weights, grad_biases = _backward_maybe_sharded(
-            ctx, "gated_mlp", local_backward, grad_y, x, weights, saved
+            ctx, "gated_mlp", local_backward, grad_y, x, weights, saved, None
         )
         return (grad_x, *grad_weights, *grad_biases, None)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .activations import OUTPUT_DERIVATIVE
 from .registry import DEVICE_DTYPES
 from .saved_layout import chain_layout, leading_rows
 
@@ -218,6 +219,7 @@ def _chain_backward_fake(
     x: Tensor,
     weights: list[Tensor],
     saved: Tensor,
+    y: Tensor | None,
     bias: bool,
     hidden_activation: str,
     final_activation: str,
@@ -225,7 +227,17 @@ def _chain_backward_fake(
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     op = "fusedmlp.chain_backward"
     _, expected = _chain_fake(op, x, weights, [], hidden_activation, final_activation)
-    _check_backward_inputs(op, grad_y, x, weights[-1].shape[0], saved, expected)
+    out_features = weights[-1].shape[0]
+    _check_backward_inputs(op, grad_y, x, out_features, saved, expected)
+    torch._check(
+        y is not None or final_activation not in OUTPUT_DERIVATIVE,
+        lambda: (
+            f"{op}: y (the forward's output) is required: the derivative of the final "
+            f"activation '{final_activation}' reads it"
+        ),
+    )
+    if y is not None:
+        _check_output_shaped(op, "y", y, x, out_features)
     grad_biases = [w.new_empty(w.shape[0]) for w in weights] if bias else []
     return _grad_x_fake(x, need_grad_x), [w.new_empty(w.shape) for w in weights], grad_biases
 
@@ -254,15 +266,21 @@ def _gated_mlp_backward_fake(
 def _check_backward_inputs(
     op: str, grad_y: Tensor, x: Tensor, out_features: int, saved: Tensor, expected: Tensor
 ) -> None:
-    _check_same(op, "grad_y", grad_y, x)
+    _check_output_shaped(op, "grad_y", grad_y, x, out_features)
     _check_same(op, "saved", saved, x)
-    torch._check(
-        grad_y.shape == (*x.shape[:-1], out_features),
-        lambda: f"{op}: grad_y must have the output's shape, got {tuple(grad_y.shape)}",
-    )
     torch._check(
         saved.shape == expected.shape,
         lambda: f"{op}: saved must have shape {tuple(expected.shape)}, got {tuple(saved.shape)}",
+    )
+
+
+def _check_output_shaped(op: str, name: str, t: Tensor, x: Tensor, out_features: int) -> None:
+    """grad_y, or the forward's output y: the output's shape, x's dtype and device."""
+    _check_same(op, name, t, x)
+    shape = (*x.shape[:-1], out_features)
+    torch._check(
+        t.shape == shape,
+        lambda: f"{op}: {name} must have the output's shape {shape}, got {tuple(t.shape)}",
     )
 
 

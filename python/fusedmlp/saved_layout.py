@@ -20,26 +20,18 @@ class ChainLayer:
     hidden_offset: int | None
     width: int
 
-    @property
-    def derivative_offset(self) -> int | None:
-        """What the activation's derivative reads: the pre-activation, or where none is saved
-        (ReLU on a hidden layer) the layer's output; None for "none"."""
-        if self.activation == "none":
-            return None
-        return self.pre_offset if self.pre_offset is not None else self.hidden_offset
-
 
 def chain_layout(
     rows: int, widths: list[int], hidden: str, final: str
 ) -> tuple[list[ChainLayer], int]:
     """Mirrors the C++ layout: per layer its pre-activation (when its activation is not
-    "none" and, on a hidden layer, its derivative does not read its output instead), then
-    its output (every layer but the last)."""
+    "none" and its derivative does not read the layer's output instead), then its output
+    (every layer but the last, whose output is the op's y)."""
     layers, total = [], 0
     for index, width in enumerate(widths[1:]):
         last = index == len(widths) - 2
         activation = final if last else hidden
-        save_pre = activation != "none" and (last or activation not in OUTPUT_DERIVATIVE)
+        save_pre = activation != "none" and activation not in OUTPUT_DERIVATIVE
         pre_offset = total if save_pre else None
         total += rows * width if save_pre else 0
         hidden_offset = None if last else total

@@ -201,7 +201,7 @@ def _grad_placement(p: Placement, split: bool) -> Placement:
 
 
 LocalBackward = Callable[
-    [Tensor, Tensor, list[Tensor], Tensor],
+    [Tensor, Tensor, list[Tensor], Tensor, Tensor | None],
     tuple[Tensor | None, list[Tensor], list[Tensor | None]],
 ]
 
@@ -214,9 +214,10 @@ def backward_on_shards(
     x: DTensor,
     weights: list[DTensor],
     saved: DTensor,
+    y: DTensor | None,
 ) -> tuple[DTensor | None, list[DTensor], list[DTensor | None]]:
     """The backward of a fusedmlp op whose forward ran on DTensors: each rank runs
-    `local_backward(grad_y, x, weights, saved)` on its local shards, placed as the forward's
+    `local_backward(grad_y, x, weights, saved, y)` on its local shards, placed as the forward's
     strategy (found from the output's placement) placed them, and its gradients are
     placed like their inputs."""
     if op == "gated_mlp":
@@ -235,6 +236,7 @@ def backward_on_shards(
         local(x, [s.x for s in chosen]),
         [local(w, [s.weights[i] for s in chosen]) for i, w in enumerate(weights)],
         saved.to_local(),
+        None if y is None else local(y, grad_placements),
     )
 
     split = [s.y != _R for s in chosen]

@@ -597,9 +597,9 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
   operand w[MAX_LAYERS];
   fmlp_input w_inputs[MAX_LAYERS];
   /* what the training forward saved: pre-activations where there is an activation
-   * (a hidden layer whose derivative reads its output may go without: its output
-   * serves, as the torch layer passes it), every hidden output; random, as the
-   * backward takes them as given */
+   * (a layer whose derivative reads its output may go without: its output, hidden
+   * or y, serves, as the torch layer passes it), every hidden output; random, as
+   * the backward takes them as given */
   void *pre[MAX_LAYERS], *hid[MAX_LAYERS], *grad_w[MAX_LAYERS], *grad_b[MAX_LAYERS];
   const void *pre_in[MAX_LAYERS], *hid_in[MAX_LAYERS];
   const int with_bias_grads = below(2);
@@ -608,10 +608,11 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
     w[l] = make_operand(dtype, n, k, 1.0 / sqrt((double)(k > 0 ? k : 1)), 0);
     w_inputs[l] = input_of(&w[l]);
     const fmlp_activation act = l == top ? final_activation : hidden;
-    const int output_serves = l < top && fmlp_derivative_reads_output(act) && below(2);
+    const int output_serves = fmlp_derivative_reads_output(act) && below(2);
     pre_in[l] = pre[l] =
         act != FMLP_ACT_NONE && !output_serves ? random_matrix(dtype, rows, n) : NULL;
-    hid_in[l] = hid[l] = l < top ? random_matrix(dtype, rows, n) : NULL;
+    /* the top layer's output, y, is random too; it is handed in only where it serves */
+    hid_in[l] = hid[l] = l < top || output_serves ? random_matrix(dtype, rows, n) : NULL;
     grad_w[l] = maybe_gradient(dtype, n * k);
     grad_b[l] = with_bias_grads ? maybe_gradient(dtype, n) : NULL;
   }
@@ -628,6 +629,7 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
       .final_activation = final_activation,
       .saved_pre = pre_in,
       .saved_hidden = hid_in,
+      .y = hid[top],
       .grad_y = grad_y,
       .grad_x = grad_x,
       .grad_weights = grad_w,
@@ -904,8 +906,8 @@ static void fuzz_invalid(tally *t) {
   bad.widths = negative;
   expect_status(t, fmlp_cpu_chain(&bad, NULL), FMLP_ERR_INVALID_ARGUMENT, "negative width");
 
-  /* a pre-activation may be left out only where the layer's saved output serves:
-   * a hidden layer whose derivative reads its output (relu) */
+  /* a pre-activation may be left out only where the layer's output serves: a
+   * layer whose derivative reads its output (relu), the last one's from y */
   float h_data[4] = {0}, pre_data[4] = {0}, gy_data[4] = {0}, gw_data[2][4] = {{0}};
   int64_t backward_widths[3] = {2, 2, 2};
   const fmlp_input backward_weights[2] = {w, w};
@@ -934,7 +936,13 @@ static void fuzz_invalid(tally *t) {
   backward.hidden_activation = FMLP_ACT_RELU;
   backward.saved_pre = final_pre_left_out;
   expect_status(t, fmlp_cpu_chain_backward(&backward, NULL), FMLP_ERR_INVALID_ARGUMENT,
-                "relu last layer without its pre-activation");
+                "relu last layer without its pre-activation or y");
+  backward.y = y_data;
+  expect_status(t, fmlp_cpu_chain_backward(&backward, NULL), FMLP_OK,
+                "relu last layer without its pre-activation, with y");
+  backward.final_activation = FMLP_ACT_GELU;
+  expect_status(t, fmlp_cpu_chain_backward(&backward, NULL), FMLP_ERR_INVALID_ARGUMENT,
+                "gelu last layer without its pre-activation, with y");
 
   fmlp_cpu_gated_args gated = {
       .dtype = FMLP_F64,

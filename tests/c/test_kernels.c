@@ -383,15 +383,16 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
       .biases = biases, .hidden_activation = hidden, .final_activation = final, .y = y,
       .y_row_stride = widths[2], .saved_pre = saved_pre, .saved_hidden = saved_hidden};
   /* transposed: the forward's own pre-activations; else as the torch layer passes
-   * them, none for a hidden layer whose derivative reads its output (h serves) */
+   * them, none for a layer whose derivative reads its output (h or y serves) */
   const int h_serves = !transposed && fmlp_derivative_reads_output(hidden);
-  const void *const pre_in[2] = {h_serves ? NULL : pre[0], pre[1]},
+  const int y_serves = !transposed && fmlp_derivative_reads_output(final);
+  const void *const pre_in[2] = {h_serves ? NULL : pre[0], y_serves ? NULL : pre[1]},
                     *const hidden_in[2] = {h, NULL};
   const fmlp_cpu_chain_backward_args backward = {
       .dtype = dtype, .rows = m, .n_layers = 2, .widths = widths, .x = x, .weights = w,
       .hidden_activation = hidden, .final_activation = final, .saved_pre = pre_in,
-      .saved_hidden = hidden_in, .grad_y = gy_data, .grad_x = grad_x, .grad_weights = grad_w,
-      .grad_biases = grad_b};
+      .saved_hidden = hidden_in, .y = y_serves ? y : NULL, .grad_y = gy_data,
+      .grad_x = grad_x, .grad_weights = grad_w, .grad_biases = grad_b};
   fmlp_status status = fmlp_cpu_chain(&forward, threading);
   if (status == FMLP_OK) status = fmlp_cpu_chain_backward(&backward, threading);
   char what[160];
@@ -824,9 +825,12 @@ int main(int argc, char **argv) {
       test_chain_backward(&t, (fmlp_dtype)dtype, 16, chunked_columns, FMLP_ACT_RELU,
                           FMLP_ACT_NONE, 0, &serial);
     }
-    /* past the column split's rows: the row split's grad_pre passes, ReLU's from h */
+    /* past the column split's rows: the row split's grad_pre passes, ReLU's from h
+     * and y; then the column split's with a final ReLU's from y */
     const int64_t row_split_widths[3] = {19, 37, 23};
     test_chain_backward(&t, (fmlp_dtype)dtype, 700, row_split_widths, FMLP_ACT_RELU,
+                        FMLP_ACT_RELU, 0, &chunked);
+    test_chain_backward(&t, (fmlp_dtype)dtype, 33, row_split_widths, FMLP_ACT_GELU,
                         FMLP_ACT_RELU, 0, &chunked);
     const int64_t empty_rows_widths[3] = {3, 4, 2};
     test_chain_backward(&t, (fmlp_dtype)dtype, 0, empty_rows_widths, FMLP_ACT_GELU,

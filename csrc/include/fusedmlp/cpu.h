@@ -140,12 +140,12 @@ fmlp_status fmlp_cpu_chain(const fmlp_cpu_chain_args *args, const fmlp_threading
 
 /* The gradients of a chain from what a training call saved: saved_pre[l]
  * for every layer whose activation is not "none", saved_hidden[l] for every
- * layer but the last (as fmlp_cpu_chain writes them). A hidden layer whose
+ * layer but the last (as fmlp_cpu_chain writes them). A layer whose
  * activation's derivative reads its output (fmlp_derivative_reads_output:
- * relu) may leave saved_pre[l] NULL; its saved_hidden[l] then serves (the
- * torch layer saves no pre-activation there, as eager saves ReLU's result
- * alone). Each gradient pointer may be NULL (not computed); what is computed
- * is written, not accumulated. */
+ * relu) may leave saved_pre[l] NULL; its output then serves: saved_hidden[l],
+ * or y for the last layer (the torch layer saves no pre-activation there, as
+ * eager saves ReLU's result alone). Each gradient pointer may be NULL (not
+ * computed); what is computed is written, not accumulated. */
 typedef struct {
   fmlp_dtype dtype; /* FMLP_F32, FMLP_F64 or FMLP_BF16, shared by every pointer below */
   int64_t rows;
@@ -157,6 +157,8 @@ typedef struct {
   fmlp_activation final_activation;
   const void *const *saved_pre;    /* rows x widths[l+1], contiguous */
   const void *const *saved_hidden; /* rows x widths[l+1], contiguous */
+  const void *y; /* the chain's output, rows x widths[n_layers], contiguous; read only
+                    where the last layer's saved_pre is NULL (else it may be NULL) */
   const void *grad_y;              /* rows x widths[n_layers], contiguous */
   void *grad_x;                    /* rows x widths[0], contiguous */
   void *const *grad_weights;       /* [l]: widths[l+1] x widths[l], contiguous */

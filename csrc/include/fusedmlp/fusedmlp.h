@@ -24,7 +24,8 @@ typedef enum {
 
 /* 1 where the activation's derivative is a function of its output
  * (activations.def's DERIVATIVE column), so that a chain's backward can read
- * a hidden layer's saved output in place of its pre-activation; else 0. */
+ * a layer's output (a hidden layer's saved output, the last layer's y) in
+ * place of its pre-activation; else 0. */
 static inline int fmlp_derivative_reads_output(fmlp_activation activation) {
   switch (activation) {
 #define FMLP_ACTIVATION(id, name, cublaslt, derivative) \
@@ -36,10 +37,9 @@ static inline int fmlp_derivative_reads_output(fmlp_activation activation) {
 }
 
 /* Whether a training chain saves a layer's pre-activation: where it has an
- * activation whose derivative reads it, or where it is the last layer (whose
- * output is returned, not saved). */
-static inline int fmlp_chain_saves_pre(fmlp_activation activation, int last) {
-  return activation != FMLP_ACT_NONE && (last || !fmlp_derivative_reads_output(activation));
+ * activation whose derivative reads it (elsewhere the layer's output serves). */
+static inline int fmlp_chain_saves_pre(fmlp_activation activation) {
+  return activation != FMLP_ACT_NONE && !fmlp_derivative_reads_output(activation);
 }
 
 /* Storage type of a tensor. float32 and bfloat16 compute in float,
