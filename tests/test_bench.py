@@ -209,3 +209,23 @@ def test_emulate_cpu_avx2_limits_fused_and_torch(tmp_path: Path,
         banners = [line for line in result.stdout.splitlines() if "MKL_VERBOSE oneMKL" in line]
         assert banners and all("(Intel(R) AVX2) enabled processors" in b
                                for b in banners if "enabled processors" in b)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_gemm_flops_are_those_torch_counts_for_the_eager_call(case) -> None:
+    """Each case's FLOPs (its GFLOP/s column) are what torch's FlopCounterMode counts for the
+    eager module's call: the forward's GEMMs, and training, the backward's too (no dX for x,
+    which needs no gradient)."""
+    from fusedmlp.bench.cases import build_modules, gemm_flops, make_input
+    from torch.utils.flop_counter import FlopCounterMode
+
+    rows, sizes = case.shape(quick=True)
+    eager, _ = build_modules(case, sizes, "cpu", torch.float32)
+    x = make_input(rows, sizes, "cpu", torch.float32)
+    with FlopCounterMode(display=False) as counter:
+        if case.train:
+            eager(x).sum().backward()
+        else:
+            with torch.no_grad():
+                eager(x)
+    assert gemm_flops(case, rows, sizes) == counter.get_total_flops()

@@ -64,14 +64,18 @@ CASES: list[Case] = [
 ]
 
 
-def forward_flops(case: Case, rows: int, sizes: tuple[int, ...]) -> int:
+def gemm_flops(case: Case, rows: int, sizes: tuple[int, ...]) -> int:
+    """The FLOPs of the GEMMs one call runs: the forward's and, training, the backward's: a dW
+    GEMM per forward GEMM, and a dX GEMM per forward GEMM but those that read x (the input
+    needs no gradient, so neither eager nor fused autograd computes one)."""
     if case.kind == "gated":
         dim, hidden = sizes
-        flops = 2 * rows * 3 * dim * hidden
+        forward = 2 * rows * 3 * dim * hidden
+        reading_x = 2 * rows * 2 * dim * hidden  # gate's and up's
     else:
-        flops = sum(2 * rows * a * b for a, b in zip(sizes[:-1], sizes[1:]))
-    # a backward pass costs two GEMMs (dX, dW) per forward GEMM
-    return 3 * flops if case.train else flops
+        layers = [2 * rows * a * b for a, b in zip(sizes[:-1], sizes[1:])]
+        forward, reading_x = sum(layers), layers[0]
+    return 3 * forward - reading_x if case.train else forward
 
 
 def build_modules(

@@ -51,7 +51,7 @@ from fusedmlp.bench.cases import (
     CASES,
     Case,
     build_modules,
-    forward_flops,
+    gemm_flops,
     inference_call,
     make_input,
     training_call,
@@ -191,7 +191,7 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int,
     modules = variant_modules(case, sizes, args.device, dtype, args)
     calls = variant_calls(case, modules, x)
     result = CaseResult(case.name, case.description, rows, list(sizes),
-                        forward_flops(case, rows, sizes), case.gemm_bound, case.train)
+                        gemm_flops(case, rows, sizes), case.gemm_bound, case.train)
     min_run_time = args.min_run_time or (0.05 if args.quick else 1.0)
     variants = [v for v in VARIANTS if v in calls]
     runs: dict[str, list[float]] = {v: [] for v in variants}
