@@ -1,7 +1,7 @@
 """Which autograd a training call takes: eager calls on plain tensors enter through the lean
-autograd.Function (ChainTrain, GatedMLPTrain), which saves only x, the saved buffer and the
-weights; a dispatch mode (as DTensor, FakeTensor and compiled graphs bring) keeps the ops'
-registered autograd. Both give the same gradients."""
+autograd.Function (ChainTrain, GatedMLPTrain), which saves only x, the saved buffer, the
+weights and (a final ReLU's) y; a dispatch mode (as DTensor, FakeTensor and compiled graphs
+bring) keeps the ops' registered autograd. Both give the same gradients."""
 
 from __future__ import annotations
 

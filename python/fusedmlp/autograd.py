@@ -142,8 +142,9 @@ def _refuse_double_backward(op: str, differentiable: bool) -> None:
 # input and gradient with pytree on each call, a fifth of a 16 x 256^3 ReLU training step
 # (cProfile). Eager training calls on plain tensors take these Functions instead: they run the
 # same `*_train` op below autograd and the same backward, keep nothing but what the backward
-# reads (x, `saved`, the weights; not the biases, whose gradients are column sums) and return
-# y alone (`saved` stays out of autograd's outputs, so it needs no gradient bookkeeping).
+# reads (x, `saved`, the weights, y where a final ReLU's derivative reads it; not the biases,
+# whose gradients are column sums) and return y alone (`saved` stays out of autograd's
+# outputs, so it needs no gradient bookkeeping).
 
 _PLAIN_TYPES = frozenset((Tensor, torch.nn.Parameter, type(None)))
 
