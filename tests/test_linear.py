@@ -152,10 +152,11 @@ def test_opcheck_activation_backward(device):
         opcheck(torch.ops.fusedmlp.activation_backward.default, (grad, pre, activation))
 
 
+@pytest.mark.parametrize("activation", ["gelu", "relu"])  # relu: the backward reads y
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_torch_compile_fullgraph(dynamic, generator):
+def test_torch_compile_fullgraph(dynamic, activation, generator):
     torch._dynamo.reset()
-    layer = fusedmlp.FusedLinear(16, 12, activation="gelu")
+    layer = fusedmlp.FusedLinear(16, 12, activation=activation)
     compiled = torch.compile(layer, fullgraph=True, dynamic=dynamic)
     for rows in (5, 9):
         x = torch.randn(rows, 16, generator=generator, requires_grad=True)
