@@ -2,13 +2,14 @@
 the kernel units' internals (block sizes, micro-kernels, packing), which change without them: a
 new argument to one internal routine once left two harnesses broken until someone ran them.
 Compiled only (-fsyntax-only, so the CPU need not have the instruction set): running them is
-timing, done on demand."""
+timing, done on demand. scripts/heap_peak.py, a memory count, runs in its quick form."""
 
 from __future__ import annotations
 
 import platform
 import shutil
 import subprocess
+import sys
 
 import pytest
 from c_build import CPU_DIR, ISAS, ROOT, VECTOR_256_FLAGS
@@ -42,3 +43,22 @@ def test_harness_compiles(harness: str, isa: str | None, defines: tuple[str, ...
                f"-I{SCRIPTS}", str(SCRIPTS / harness)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, f"scripts/{harness} no longer compiles:\n{result.stderr}"
+
+
+def test_heap_peak_counts_what_torch_allocates_and_more() -> None:
+    """scripts/heap_peak.py --quick: its shim sees every heap allocation, so for eager (whose
+    memory torch allocates) it counts at least what torch.profiler counts."""
+    result = subprocess.run([sys.executable, str(SCRIPTS / "heap_peak.py"), "--quick"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (block, dtype, variant)
+        for dtype in ("float32", "bfloat16")
+        for block in ("mlp", "gated")
+        for variant in ("eager", "fused")
+    ]
+    for block, dtype, variant, heap, profiled in rows:
+        assert float(heap) > 0, (block, dtype, variant)
+        if variant == "eager":
+            assert float(heap) >= 0.9 * float(profiled), (block, dtype, heap, profiled)
