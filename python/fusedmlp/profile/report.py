@@ -198,7 +198,11 @@ def header(env: dict[str, str | int | float | None], settings: dict[str, object]
         + (
             "from torch.cuda's allocator statistics."
             if str(settings["device"]).startswith("cuda")
-            else "from torch.profiler's CPU allocation records."
+            else "from torch.profiler's CPU allocation records. These see torch's "
+            "allocations only: they leave out the scratch and per-call weight packs the fused "
+            "ops' C kernels allocate themselves (scripts/heap_peak.py counts them), and under "
+            "the profiler a fused module runs its op layer by layer, each layer's output a "
+            "torch tensor, so the fused row shows that layered run."
         )
     )
     return f"# fusedmlp profile: eager vs torch.compile vs fused\n\n{setup}\n\n{method}"
