@@ -211,7 +211,7 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
        "The activation names, in the order of the kernels' enum."},
       {"output_derivative_activations", output_derivative_activations, METH_NOARGS,
        "The activations whose derivative reads their output (ReLU's sign): a training chain "
-       "saves no pre-activation for its hidden layers that use one."},
+       "saves no pre-activation for its layers that use one."},
       {"device_dtypes", device_dtypes, METH_NOARGS,
        "{device type: the names of the dtypes its kernels take}."},
       {"cpu_isa", cpu_isa, METH_VARARGS, kCpuIsaDoc},
