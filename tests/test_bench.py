@@ -20,6 +20,7 @@ from fusedmlp.bench.peak import (
     SAMPLE_SECONDS,
     START_REPS,
     START_SECONDS,
+    bf16_loop,
     peak_loop,
     peak_sampler,
 )
@@ -160,6 +161,15 @@ def test_the_portable_float32_peak_is_sse2_multiply_then_add() -> None:
     with peak_sampler(loop, threads=1) as sample:
         gflops = sample(START_SECONDS, START_REPS) if sample else None
     assert gflops is not None and gflops > 0
+
+
+def test_bf16_peak_loops_are_the_registrys_bf16_native_levels() -> None:
+    """A level whose bfloat16 unit multiplies bfloat16 in hardware (FMLP_BF16_NATIVE) has a
+    loop of its own for the bfloat16 peak; every other level's bfloat16 peak is its FMAs'."""
+    for isa in cpu_isas():
+        own = bf16_loop(isa.name)
+        assert (own is not None) == isa.bf16_native, isa.name
+        assert peak_loop(torch.bfloat16, isa.name) == (own or peak_loop(torch.float32, isa.name))
 
 
 def test_weight_cache_option_turns_it_on_and_says_so(tmp_path: Path) -> None:

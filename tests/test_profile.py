@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from fusedmlp.profile import main
+from fusedmlp.profile.cli import default_dtype, parse_settings
 from fusedmlp.profile.measure import check_output, time_forwards
 from fusedmlp.profile.reading import kernels_phrase, ops_phrase, time_phrase
+from fusedmlp.registry import cpu_isas
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_RUN = ["--device", "cpu", "--tokens", "8", "--iters", "2", "--warmup", "1"]
@@ -192,6 +194,22 @@ def test_reading_groups_cuda_kernels_by_kind() -> None:
         "2 pointwise kernels became 1 generated Triton kernel, the 3 GEMMs stayed"
         " (kernels per forward 5 → 4)"
     )
+
+
+def test_default_dtype_is_bfloat16_where_the_kernels_multiply_it_natively(monkeypatch) -> None:
+    """The study runs in bfloat16 on CUDA and on a CPU whose bfloat16 unit in use is a
+    FMLP_BF16_NATIVE level (each supported ISA forced in turn), float32 on other CPUs and
+    where bfloat16's GEMMs run in ATen; --dtype overrides it."""
+    monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
+    for isa in (isa for isa in cpu_isas() if isa.supported):
+        monkeypatch.setenv("FUSEDMLP_ISA", isa.name)
+        expected = torch.bfloat16 if isa.bf16_native else torch.float32
+        assert parse_settings(["--device", "cpu"]).dtype == expected, isa.name
+        assert parse_settings(["--device", "cpu", "--dtype", "float32"]).dtype == torch.float32
+        monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
+        assert parse_settings(["--device", "cpu"]).dtype == torch.float32, isa.name
+        monkeypatch.delenv("FUSEDMLP_CPU_GEMM")
+    assert default_dtype(torch.device("cuda")) == torch.bfloat16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

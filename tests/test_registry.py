@@ -25,7 +25,7 @@ from c_build import (
 from conftest import assert_matches_reference, reference_activation
 from fusedmlp import _C
 from fusedmlp.activations import OUTPUT_DERIVATIVE, activation_module, activation_name
-from fusedmlp.registry import cpu_isas
+from fusedmlp.registry import cpu_bf16_native, cpu_isas
 
 ISA_NAMES = {isa_id: name for isa_id, name, _ in registry_isas()}
 
@@ -106,6 +106,22 @@ def test_forced_only_on_its_vendor_alone():
         vendors = {marked_vendor for isa_id, marked_vendor in marked
                    if ISA_NAMES[isa_id] == isa.name}
         assert isa.forced_only == (vendor in vendors), (isa.name, vendor)
+
+
+def test_bf16_native_as_the_registry_marks_it(monkeypatch):
+    """FMLP_BF16_NATIVE(ISA): cpu_isas() says so for exactly the ISAs marked, and
+    cpu_bf16_native() follows the bfloat16 level in use: forced to each supported ISA, and
+    off where bfloat16's GEMMs run in ATen."""
+    marked = set(re.findall(r"^FMLP_BF16_NATIVE\((\w+)\)$", REGISTRY.read_text(), re.MULTILINE))
+    assert marked, "the registry marks no ISA bfloat16-native: this test checks nothing"
+    assert {isa.name for isa in cpu_isas() if isa.bf16_native} == {ISA_NAMES[m] for m in marked}
+    monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
+    for isa in (isa for isa in cpu_isas() if isa.supported):
+        monkeypatch.setenv("FUSEDMLP_ISA", isa.name)
+        assert cpu_bf16_native() == isa.bf16_native, isa.name
+        monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
+        assert not cpu_bf16_native(), isa.name
+        monkeypatch.delenv("FUSEDMLP_CPU_GEMM")
 
 
 def test_every_isa_is_detected_and_forced_by_name(monkeypatch):

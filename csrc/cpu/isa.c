@@ -91,6 +91,13 @@ int fmlp_cpu_isa_forced_only(fmlp_cpu_isa isa) {
   return 0;
 }
 
+int fmlp_cpu_isa_bf16_native(fmlp_cpu_isa isa) {
+#define FMLP_BF16_NATIVE(id) \
+  if (isa == FMLP_ISA_##id) return 1;
+#include "fusedmlp/cpu_isas.def"
+  return 0;
+}
+
 fmlp_cpu_isa fmlp_cpu_isa_best(void) {
   /* the registry lists ISAs in increasing order: the last supported one wins */
   fmlp_cpu_isa best = FMLP_ISA_PORTABLE;

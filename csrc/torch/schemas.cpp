@@ -134,9 +134,9 @@ static PyObject *cpu_isa(PyObject * /*module*/, PyObject *args) {
   return PyUnicode_FromString(isa);
 }
 
-// One (name, compiler flags, CPU features, supported here, forced only here) tuple
-// per ISA of fusedmlp/cpu_isas.def, in its order; flags and features
-// space-separated.
+// One (name, compiler flags, CPU features, supported here, forced only here,
+// bfloat16 native) tuple per ISA of fusedmlp/cpu_isas.def, in its order; flags
+// and features space-separated.
 static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
   struct Entry {
     fmlp_cpu_isa isa;
@@ -152,9 +152,10 @@ static PyObject *cpu_isas(PyObject * /*module*/, PyObject * /*unused*/) {
   for (Py_ssize_t i = 0; i < FMLP_ISA_COUNT; ++i) {
     const Entry &e = entries[i];
     const char *features = e.features[0] == ' ' ? e.features + 1 : e.features;
-    PyObject *entry = Py_BuildValue("(sssOO)", fmlp_cpu_isa_name(e.isa), e.flags, features,
+    PyObject *entry = Py_BuildValue("(sssOOO)", fmlp_cpu_isa_name(e.isa), e.flags, features,
                                     fmlp_cpu_isa_supported(e.isa) ? Py_True : Py_False,
-                                    fmlp_cpu_isa_forced_only(e.isa) ? Py_True : Py_False);
+                                    fmlp_cpu_isa_forced_only(e.isa) ? Py_True : Py_False,
+                                    fmlp_cpu_isa_bf16_native(e.isa) ? Py_True : Py_False);
     if (entry == nullptr || PyTuple_SetItem(result, i, entry) != 0) {
       Py_DECREF(result);
       return nullptr;
@@ -217,7 +218,8 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
       {"cpu_isa", cpu_isa, METH_VARARGS, kCpuIsaDoc},
       {"cpu_isas", cpu_isas, METH_NOARGS,
        "The registered instruction sets, lowest first: (name, compiler flags, CPU features, "
-       "supported by this CPU, forced only: detection skips it on this CPU's vendor) each."},
+       "supported by this CPU, forced only: detection skips it on this CPU's vendor, bfloat16 "
+       "native: its bfloat16 unit multiplies bfloat16 in hardware) each."},
       {"profiler_records", profiler_records, METH_O,
        "Whether torch's profiler records the ops called on this thread (then they label "
        "their calls, each layer (stage) its own call under its own label): sets it, returns "

@@ -25,14 +25,24 @@ class CpuIsa(NamedTuple):
     cpu_features: tuple[str, ...]  # what CPUID must report for it
     supported: bool  # by this CPU
     forced_only: bool = False  # detection skips it; only FUSEDMLP_ISA picks it
+    bf16_native: bool = False  # its bfloat16 unit multiplies bfloat16 in hardware
 
 
 def cpu_isas() -> tuple[CpuIsa, ...]:
     """Every registered instruction set, lowest first."""
     return tuple(
-        CpuIsa(name, tuple(flags.split()), tuple(features.split()), supported, forced_only)
-        for name, flags, features, supported, forced_only in _C.cpu_isas()
+        CpuIsa(name, tuple(flags.split()), tuple(features.split()), supported, forced_only,
+               bf16_native)
+        for name, flags, features, supported, forced_only, bf16_native in _C.cpu_isas()
     )
+
+
+def cpu_bf16_native() -> bool:
+    """Whether the CPU ops' bfloat16 GEMMs run on a unit that multiplies bfloat16 in
+    hardware (FMLP_BF16_NATIVE: vdpbf16ps, AMX tiles), rather than as floats on FMAs or in
+    ATen: _C.cpu_isa("bfloat16") names such a level."""
+    level = _C.cpu_isa("bfloat16")
+    return any(isa.bf16_native and isa.name == level for isa in cpu_isas())
 
 
 def cpu_gemm_in_aten(dtype: torch.dtype = torch.float32) -> bool:

@@ -31,6 +31,10 @@ int fmlp_cpu_isa_supported(fmlp_cpu_isa isa);
  * detection skips it, FUSEDMLP_ISA may still force it. */
 int fmlp_cpu_isa_forced_only(fmlp_cpu_isa isa);
 
+/* Whether the registry marks the ISA FMLP_BF16_NATIVE: its bfloat16 unit
+ * multiplies bfloat16 in hardware. */
+int fmlp_cpu_isa_bf16_native(fmlp_cpu_isa isa);
+
 /* The best instruction set this CPU supports: the last supported one of the
  * registry that is not FMLP_FORCED_ONLY for its vendor, whatever FUSEDMLP_ISA
  * says. */

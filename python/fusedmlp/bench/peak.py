@@ -199,8 +199,8 @@ int main(int argc, char **argv) {
 }
 """
 
-# The registry's levels whose bfloat16 units multiply on other than FMAs -> what the loop
-# times and which loop of PEAK_SOURCE it is.
+# The registry's FMLP_BF16_NATIVE levels (their bfloat16 units multiply on other than FMAs) ->
+# what the loop times and which loop of PEAK_SOURCE it is.
 BF16_LOOPS = {
     "avx512_bf16": ("bf16 dot product", ("-DPEAK_BF16",)),
     "avx512_amx": ("bf16 AMX tiles", ("-DPEAK_AMX",)),

@@ -53,6 +53,7 @@ from fusedmlp.profile.report import (
     write_summary_json,
 )
 from fusedmlp.profile.timeline import write_timeline
+from fusedmlp.registry import cpu_bf16_native
 from fusedmlp.tools.memory import ForwardMemory, measure_call, saved_for_backward
 from fusedmlp.tools.plotting import require_matplotlib
 from fusedmlp.tools.quiet_profiler import quiet_kineto
@@ -139,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype",
         type=dtype_name,
-        help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)",
+        help="float32, bfloat16 or float16 (default: bfloat16 on CUDA and on a CPU whose "
+        "bfloat16 kernels multiply bfloat16 in hardware, else float32)",
     )
     parser.add_argument(
         "--experiments",
@@ -192,15 +194,25 @@ def resolve_device(parser: argparse.ArgumentParser, text: str | None) -> torch.d
     return device
 
 
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16, the dtype of the study's article and of the models our users convert, where
+    the fused kernels run it at bfloat16 speed: on CUDA, and on a CPU whose bfloat16 unit in
+    use multiplies bfloat16 in hardware (the registry's FMLP_BF16_NATIVE levels, where a fused
+    variant was measured the fastest in all three experiments); float32 on other CPUs, whose
+    bfloat16 kernels multiply as floats."""
+    if device.type == "cuda" or cpu_bf16_native():
+        return torch.bfloat16
+    return torch.float32
+
+
 def parse_settings(argv: list[str] | None) -> StudySettings:
     parser = build_parser()
     args = parser.parse_args(argv)
     device = resolve_device(parser, args.device)
     on_cuda = device.type == "cuda"
-    default_dtype = torch.bfloat16 if on_cuda else torch.float32
     return StudySettings(
         device=device,
-        dtype=args.dtype or default_dtype,
+        dtype=args.dtype or default_dtype(device),
         experiments=args.experiments,
         tokens=args.tokens,
         iters=args.iters or DEFAULT_ITERS["cuda" if on_cuda else "cpu"],
