@@ -310,12 +310,13 @@ static STORE *FN(rows_at)(void *base, int64_t row, int64_t stride) {
 /* ---- row blocks as tasks ---- */
 
 /* An op's row blocks: each worker allocates its scratch once (an input pack
- * and scratch_matrices matrices of scratch_rows x scratch_cols REALs, room
- * for as many STOREs), then takes
+ * and scratch_matrices matrices of scratch_rows x scratch_cols elements of
+ * scratch_elem_bytes each: STOREs, or REALs where a chain hands rows on in
+ * lanes layout), then takes
  * blocks from next_block and runs them through run_block. */
 typedef struct {
   int64_t rows, n_blocks, block_rows; /* block_rows: the most rows one block holds */
-  int64_t input_pack_elems, scratch_matrices, scratch_rows, scratch_cols;
+  int64_t input_pack_elems, scratch_matrices, scratch_rows, scratch_cols, scratch_elem_bytes;
   void (*run_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack, void *scratch);
   const void *op;
   atomic_llong next_block;
@@ -362,8 +363,8 @@ static void FN(row_block_worker)(void *context, int64_t begin, int64_t end) {
   (void)begin; /* workers are interchangeable: blocks come from next_block */
   (void)end;
   REAL *input_pack = fmlp_alloc_scratch(blocks->input_pack_elems, sizeof(REAL));
-  REAL *scratch = fmlp_alloc_matrices(blocks->scratch_matrices, blocks->scratch_rows,
-                                      blocks->scratch_cols, sizeof(REAL));
+  void *scratch = fmlp_alloc_matrices(blocks->scratch_matrices, blocks->scratch_rows,
+                                      blocks->scratch_cols, blocks->scratch_elem_bytes);
   if (input_pack == NULL || scratch == NULL) {
     atomic_store(&blocks->status, FMLP_ERR_OUT_OF_MEMORY);
   } else {
@@ -578,7 +579,7 @@ static void FN(run_column_stages)(const FN(column_split) *split, int64_t n_stage
 typedef struct {
   const fmlp_cpu_chain_args *args;
   const FN(packed_weight) *packed;
-  int64_t scratch_rows, max_hidden;
+  int64_t scratch_rows, max_hidden, scratch_elem_bytes;
   int64_t weight_block_at; /* in a task's input pack (task_pack_elems) */
   FN(column_split) split;
   REAL *shared_input; /* each layer's input packed whole (shares_input), or NULL */
@@ -588,8 +589,8 @@ typedef struct {
 typedef struct {
   const FN(chain_job) *job;
   int64_t r0, rows;
-  /* scratch_rows x max_hidden REALs each, for hidden outputs not saved:
-   * row-major STOREs, or REALs in lanes layout */
+  /* scratch_rows x max_hidden elements each (chain_scratch_elem_bytes), for
+   * hidden outputs not saved: row-major STOREs, or REALs in lanes layout */
   void *ping_pong[2];
 } FN(chain_rows);
 
@@ -665,10 +666,27 @@ static void FN(chain_layer_part)(const void *block, int64_t stage, int64_t task,
 static void FN(chain_block)(const void *op, int64_t r0, int64_t rows, REAL *input_pack,
                             void *scratch) {
   const FN(chain_job) *job = op;
-  const FN(chain_rows) block = {
-      job, r0, rows, {scratch, (REAL *)scratch + job->scratch_rows * job->max_hidden}};
+  const int64_t matrix_bytes = job->scratch_rows * job->max_hidden * job->scratch_elem_bytes;
+  const FN(chain_rows) block = {job, r0, rows, {scratch, (char *)scratch + matrix_bytes}};
   FN(run_column_stages)(&job->split, job->args->n_layers * (job->shared_input != NULL ? 2 : 1),
                         FN(chain_layer_part), &block, input_pack);
+}
+
+/* Bytes of an element of a chain's hidden scratch: a REAL where some row
+ * block may hand its hidden outputs on in lanes layout (hands_off_lanes),
+ * else a STORE (half a REAL's bytes in bfloat16: the row-major outputs of
+ * many rows never need more). */
+static int64_t FN(chain_scratch_elem_bytes)(const FN(row_blocks) *blocks) {
+#if FMLP_TRANSPOSED_KERNELS
+  for (int64_t block = 0; block < blocks->n_blocks; ++block) {
+    int64_t r0, count;
+    FN(even_split)(blocks->rows, GEMM_MR, blocks->n_blocks, block, &r0, &count);
+    if (FN(lanes_possible)(count)) return (int64_t)sizeof(REAL);
+  }
+#else
+  (void)blocks; /* lanes only come with the SIMD kernels */
+#endif
+  return (int64_t)sizeof(STORE);
 }
 
 /* A chain's row blocks, its weights (weight_elems multiply-adds a row)
@@ -691,8 +709,9 @@ static fmlp_status FN(run_chain)(const fmlp_cpu_chain_args *a, const FN(packed_w
                      CHAIN_LEAST_BLOCK_ROWS, threading);
   /* room for a few rows' hidden outputs in lanes layout, NR wide */
   if (blocks.scratch_rows < GEMM_NR) blocks.scratch_rows = GEMM_NR;
+  blocks.scratch_elem_bytes = FN(chain_scratch_elem_bytes)(&blocks);
   FN(chain_job) job = {.args = a, .packed = packed, .scratch_rows = blocks.scratch_rows,
-                       .max_hidden = max_hidden};
+                       .max_hidden = max_hidden, .scratch_elem_bytes = blocks.scratch_elem_bytes};
   const int share =
       FN(shares_input)(FN(splits_columns)(&blocks, weight_elems, threading), a->rows);
   blocks.input_pack_elems = FN(task_pack_elems)(blocks.block_rows, share ? 0 : max_k,
@@ -892,6 +911,7 @@ fmlp_status FN(fmlp_cpu_gated)(const fmlp_cpu_gated_args *a, const fmlp_threadin
   }
   if (status == FMLP_OK) {
     FN(row_blocks) blocks = {.rows = a->rows, .scratch_matrices = 3, .scratch_cols = a->hidden,
+                             .scratch_elem_bytes = (int64_t)sizeof(STORE),
                              .run_block = FN(gated_block), .op = &job};
     FN(partition_rows)(&blocks, weight_elems, a->dim + 3 * a->hidden + a->out_dim, 0,
                        threading);
