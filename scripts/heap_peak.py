@@ -85,6 +85,7 @@ def main() -> int:
     cpu = torch.device("cpu")
     print(f"{'block':<6} {'dtype':<9} {'variant':<14} {'heap MiB':>9} {'profiler MiB':>13}")
     for dtype in (torch.float32, torch.bfloat16):
+        dtype_name = str(dtype).removeprefix("torch.")
         for name, rows, features, eager, fused in blocks(args.quick):
             eager, fused = eager.to(dtype), fused.to(dtype)
             x = torch.randn(rows, features, dtype=dtype)
@@ -94,7 +95,7 @@ def main() -> int:
             for variant, module in variants.items():
                 heap = heap_peak(counter, lambda module=module, x=x: module(x))
                 profiled = inference_peak(module, x, cpu)
-                print(f"{name:<6} {str(dtype)[6:]:<9} {variant:<14} {heap / MIB:>9.2f} "
+                print(f"{name:<6} {dtype_name:<9} {variant:<14} {heap / MIB:>9.2f} "
                       f"{profiled / MIB:>13.2f}")
     return 0
 
