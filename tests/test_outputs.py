@@ -73,6 +73,40 @@ def test_op_outputs_are_not_views(name: str, training: bool) -> None:
         torch.testing.assert_close(grad, w.grad)
 
 
+def storage_holders(t: torch.Tensor) -> int:
+    """How many references t's storage has (its tensors' and the Python storage object's)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def in_dtype(arg, dtype: torch.dtype):
+    """An op argument in dtype: a tensor, each tensor of a list; anything else as it is."""
+    if isinstance(arg, list):
+        return [in_dtype(a, dtype) for a in arg]
+    return arg.to(dtype) if isinstance(arg, torch.Tensor) else arg
+
+
+@pytest.mark.parametrize("gemm", ["ours", "aten"])
+@pytest.mark.parametrize("name", ["linear", "mlp", "gated_mlp"])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_op_outputs_are_held_by_the_caller_alone(
+    monkeypatch, gemm: str, name: str, training: bool, dtype: str
+) -> None:
+    """Nothing else keeps an output's storage: dropped, it is freed. The host-GEMM path (ATen's
+    GEMM, then our epilogue: the default for float64 and on CPUs without AVX2) once kept a
+    reference to every output and `saved` it wrote, leaking them all, call after call."""
+    if gemm == "aten":
+        monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
+    else:
+        monkeypatch.setenv("FUSEDMLP_ISA", "portable")  # our kernels, float64's included
+    args = [in_dtype(arg, getattr(torch, dtype)) for arg in _op_calls(name)[0]]
+    with torch.no_grad():
+        outputs = getattr(torch.ops.fusedmlp, f"{name}_train" if training else name)(*args)
+    alone = storage_holders(torch.empty(1))
+    for output in outputs if training else (outputs,):
+        assert storage_holders(output) == alone
+
+
 @pytest.mark.parametrize("call", ["eager", "op", "functional"])
 def test_an_in_place_op_on_a_relu_output_is_refused_as_eager_refuses_it(call: str) -> None:
     """ReLU's backward reads its output (eager's and ours alike, which is why neither saves

@@ -88,6 +88,9 @@ void host_gemm(const Tensor &out, const Tensor &x, const Tensor &w, const Option
       torch::stable::detail::from(b), torch::stable::detail::from(out)};
   TORCH_ERROR_CODE_CHECK(
       torch_call_dispatcher("aten::linear", "out", stack.data(), TORCH_ABI_VERSION));
+  // The call returns `out` as a new handle, ours to release: left on the stack, it kept
+  // every output (and `saved`) of the host-GEMM path alive for good.
+  torch::stable::detail::to<Tensor>(stack[0]);
 }
 
 // One layer on the host-GEMM path: out = act(x @ w.T + b); the GEMM writes into
