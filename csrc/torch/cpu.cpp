@@ -76,6 +76,16 @@ void *offset_data(const Tensor &buffer, int64_t offset) {
   return offset < 0 ? nullptr : static_cast<char *>(buffer.data_ptr()) + offset * buffer.element_size();
 }
 
+// An ATen out= op through the dispatcher, its arguments on the stack, `out` last.
+// The call returns `out` as a new handle, ours to release: left on the stack, it
+// would keep the output alive for good (the host-GEMM path once leaked every
+// output and `saved` buffer it wrote so).
+template <size_t N>
+void call_out_op(const char *name, std::array<StableIValue, N> stack) {
+  TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, "out", stack.data(), TORCH_ABI_VERSION));
+  torch::stable::detail::to<Tensor>(stack[0]);
+}
+
 // The host-GEMM path (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST, on CPUs where no
 // kernel level was measured to beat eager): out = x @ w.T (+ b) by ATen's GEMM,
 // through the dispatcher's aten::linear.out, which runs addmm.out with a bias and
@@ -83,14 +93,14 @@ void *offset_data(const Tensor &buffer, int64_t offset) {
 // arguments have no stable conversion). out is contiguous, for the C epilogue
 // pass that follows in the same op.
 void host_gemm(const Tensor &out, const Tensor &x, const Tensor &w, const OptionalTensor &b) {
-  std::array<StableIValue, 4> stack{
-      torch::stable::detail::from(x), torch::stable::detail::from(w),
-      torch::stable::detail::from(b), torch::stable::detail::from(out)};
-  TORCH_ERROR_CODE_CHECK(
-      torch_call_dispatcher("aten::linear", "out", stack.data(), TORCH_ABI_VERSION));
-  // The call returns `out` as a new handle, ours to release: left on the stack, it kept
-  // every output (and `saved`) of the host-GEMM path alive for good.
-  torch::stable::detail::to<Tensor>(stack[0]);
+  using torch::stable::detail::from;
+  call_out_op<4>("aten::linear", {from(x), from(w), from(b), from(out)});
+}
+
+// out = a @ b by ATen's GEMM (aten::mm.out): the host-GEMM path's backward products.
+void host_mm(const Tensor &out, const Tensor &a, const Tensor &b) {
+  using torch::stable::detail::from;
+  call_out_op<3>("aten::mm", {from(a), from(b), from(out)});
 }
 
 // One layer on the host-GEMM path: out = act(x @ w.T + b); the GEMM writes into
@@ -367,6 +377,44 @@ BackwardInputs backward_inputs(const Tensor &x, const Tensor &grad_y, const Tens
   return {x, as_rows(x), as_contiguous(as_rows(grad_y)), as_contiguous(saved)};
 }
 
+// A chain's backward on the host-GEMM path, as eager's runs it: from the last layer
+// on, its activation's derivative by our pointwise pass, then dW = grad^T h and
+// dX = grad W by ATen's GEMM, the bias gradient as ATen's column sum. One op call,
+// so a small training step does not pay Python for each of these calls.
+void host_chain_backward(const Tensor &options, const Tensor &x_rows, TensorList weights,
+                         const Tensor &saved, const OptionalTensor &y_rows,
+                         const Tensor &grad_y_rows, fmlp_activation hidden,
+                         fmlp_activation final_act, const std::vector<int64_t> &widths,
+                         const SavedChainLayout &layout, const OptionalTensor &grad_x_rows,
+                         const std::vector<Tensor> &grad_w, const std::vector<Tensor> &grad_b) {
+  const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
+  const auto saved_rows = [&](int64_t offset, int64_t width) {
+    return rows_at(saved, offset, rows, width);
+  };
+  Tensor grad = grad_y_rows;
+  for (int64_t l = n_layers - 1; l >= 0; --l) {
+    const fmlp_activation act = l == n_layers - 1 ? final_act : hidden;
+    if (act != FMLP_ACT_NONE) {
+      // The derivative reads the pre-activation, or where none is saved (ReLU) the
+      // layer's output: a hidden one from saved, the last one y.
+      const int64_t offset =
+          layout.pre_offset[l] >= 0 ? layout.pre_offset[l] : layout.hidden_offset[l];
+      grad = CpuBackend::activation_backward(
+          grad, offset >= 0 ? saved_rows(offset, widths[l + 1]) : *y_rows, act);
+    }
+    const Tensor input = l == 0 ? x_rows : saved_rows(layout.hidden_offset[l - 1], widths[l]);
+    host_mm(grad_w[l], torch::stable::transpose(grad, 0, 1), input);
+    if (!grad_b.empty()) {
+      Tensor grad_bias = grad_b[l];
+      torch::stable::sum_out(grad_bias, grad, std::vector<int64_t>{0});
+    }
+    if (l == 0 && !grad_x_rows.has_value()) break;
+    const Tensor below = l == 0 ? *grad_x_rows : empty({rows, widths[l]}, options);
+    host_mm(below, grad, weights[l]);
+    grad = below;
+  }
+}
+
 // The whole backwards, CPU only: elsewhere they are ATen GEMMs around the pointwise
 // ops (autograd.py).
 std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
@@ -425,6 +473,13 @@ std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
       .grad_weights = grad_w_data.data(),
       .grad_biases = bias ? grad_b_data.data() : nullptr,
   };
+  if (fmlp_cpu_gemm_in_use(args.dtype) == FMLP_GEMM_HOST) {
+    host_chain_backward(options, x_rows, weights, saved_rows, y_rows, grad, hidden, final_act,
+                        widths, layout,
+                        need_grad_x ? OptionalTensor(as_rows(grad_x)) : std::nullopt, grad_w,
+                        grad_b);
+    return {grad_x, grad_w, grad_b};
+  }
   const fmlp_threading threading = aten_threading();
   check_status(fmlp_cpu_chain_backward(&args, &threading), op);
   return {grad_x, grad_w, grad_b};

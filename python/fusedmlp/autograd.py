@@ -25,9 +25,10 @@ _ops = torch.ops.fusedmlp
 
 def _whole_backward_on_cpu(x: Tensor) -> bool:
     """Whether one fusedmlp::*_backward op runs the backward: on CPU, unless the backward
-    itself is being differentiated (create_graph=True) or the CPU's GEMMs in x's dtype run in
-    ATen (then the backward is ATen's GEMMs around our pointwise ops, as eager's is)."""
-    return x.is_cpu and not torch.is_grad_enabled() and not cpu_gemm_in_aten(x.dtype)
+    itself is being differentiated (create_graph=True). Where the CPU's GEMMs in x's dtype
+    run in ATen, fusedmlp::chain_backward runs ATen's GEMMs around our pointwise passes
+    itself; the gated block's backward is then those calls made from here."""
+    return x.is_cpu and not torch.is_grad_enabled()
 
 
 def _chain_backward(
@@ -98,7 +99,7 @@ def _gated_backward(
     activation: str,
     need_grad_x: bool = True,
 ) -> tuple[Tensor | None, ...]:
-    if _whole_backward_on_cpu(x):
+    if _whole_backward_on_cpu(x) and not cpu_gemm_in_aten(x.dtype):
         grad_x, *grad_weights, grad_biases = _ops.gated_mlp_backward(
             grad_y, x, w_gate, w_up, w_down, saved, list(has_bias), activation, need_grad_x
         )
