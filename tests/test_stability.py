@@ -91,15 +91,17 @@ def make_steps(dtype: torch.dtype) -> list[Callable[[], Tensor]]:
 
 @pytest.mark.usefixtures("restore_num_threads")
 @pytest.mark.parametrize(
-    ("dtype", "calls", "threads"), [(torch.float32, CALLS, 1), (torch.bfloat16, 2_000, None)]
+    ("dtype", "calls", "threads"),
+    [(torch.float32, CALLS, 1), (torch.bfloat16, 2_000, None), (torch.float64, 2_000, None)],
 )
 def test_rss_flat_over_10000_forward_backward_calls(
     dtype: torch.dtype, calls: int, threads: int | None
 ) -> None:
     """10,000 calls in float32 on one thread (the kernels allocate and free the same scratch
     serially as in parallel, and a shared 2-core CI box makes thread fork/join costly);
-    bfloat16 (converting copies around the float kernels) runs a shorter 2,000 on torch's
-    default thread pool, so the parallel path is covered too."""
+    bfloat16 runs a shorter 2,000 on torch's default thread pool, so the parallel path is
+    covered too; float64 2,000 on the host-GEMM path (its default: ATen's GEMMs, then our
+    epilogue), which once leaked every output it wrote."""
     if threads is not None:
         torch.set_num_threads(threads)
     steps = make_steps(dtype)
