@@ -27,7 +27,8 @@ def _whole_backward_on_cpu(x: Tensor) -> bool:
     """Whether one fusedmlp::*_backward op runs the backward: on CPU, unless the backward
     itself is being differentiated (create_graph=True). Where the CPU's GEMMs in x's dtype
     run in ATen, fusedmlp::chain_backward runs ATen's GEMMs around our pointwise passes
-    itself; the gated block's backward is then those calls made from here."""
+    itself; the gated block's backward stays those calls made from here (its steps are
+    large products, where calls from Python cost little: 0.95-1.04x eager's step)."""
     return x.is_cpu and not torch.is_grad_enabled()
 
 
