@@ -203,8 +203,13 @@ def test_torch_compile_fullgraph(dynamic, generator):
     assert_compiled_matches(block, 8, (3, 7), dynamic, generator)
 
 
+@pytest.mark.parametrize("gemm", ["default", "aten"])
 @pytest.mark.parametrize("train", [False, True])
-def test_profiler_shows_the_op_and_its_stages(train, generator):
+def test_profiler_shows_the_op_and_its_stages(train, gemm, generator, monkeypatch):
+    """The stages are labelled on either CPU path: our kernels, or ATen's GEMMs with our
+    product pass (FUSEDMLP_CPU_GEMM=aten, the path of CPUs without AVX2)."""
+    if gemm == "aten":
+        monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
     block = fusedmlp.FusedGatedMLP(8, 24, bias=True)
     x = torch.randn(5, 8, generator=generator)
     expected = block(x)  # unprofiled: one call through the whole block

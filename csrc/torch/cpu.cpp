@@ -118,17 +118,22 @@ void host_gemm_layer(const char *op, const Tensor &x, const Tensor &w,
 }
 
 // The gated block on the host-GEMM path: gate and up by ATen's GEMM into
-// block[0] and block[1], our pass block[2] = act(gate) * up, then y = down(block[2]).
+// block[0] and block[1], our pass block[2] = act(gate) * up, then y = down(block[2]);
+// under a profiler labelled in the two stages our kernels' path shows.
 void host_gemm_gated(const char *op, const Tensor &x, const std::array<Tensor, 3> &w,
                      const std::array<OptionalTensor, 3> &b, fmlp_activation activation,
                      const std::array<Tensor, 3> &block, const Tensor &y,
                      const fmlp_threading &threading) {
-  host_gemm(block[0], x, w[0], b[0]);
-  host_gemm(block[1], x, w[1], b[1]);
-  check_status(fmlp_cpu_gated_product(kernel_dtype(y.scalar_type()), block[2].numel(),
-                                      block[0].data_ptr(), block[1].data_ptr(), activation,
-                                      block[2].data_ptr(), &threading),
-               op);
+  {
+    const ProfilerLabel label([&] { return std::string(op) + ".gate_up"; });
+    host_gemm(block[0], x, w[0], b[0]);
+    host_gemm(block[1], x, w[1], b[1]);
+    check_status(fmlp_cpu_gated_product(kernel_dtype(y.scalar_type()), block[2].numel(),
+                                        block[0].data_ptr(), block[1].data_ptr(), activation,
+                                        block[2].data_ptr(), &threading),
+                 op);
+  }
+  const ProfilerLabel label([&] { return std::string(op) + ".down"; });
   host_gemm(y, block[2], w[2], b[2]);
 }
 
