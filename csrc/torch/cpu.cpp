@@ -263,11 +263,14 @@ struct CpuBackend {
     };
     const fmlp_threading threading = aten_threading();
     if (fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST) {
-      const auto block = [&](int64_t i) {  // gate, up, product: saved, or scratch
+      // gate, up, product: saved, or scratch, the product then over the gate (inference
+      // keeps two hidden matrices, not three: less than eager's act(gate), up, product)
+      const auto block = [&](int64_t i) {
         return save ? saved_block(i) : empty({rows, hidden}, options);
       };
+      const Tensor gate = block(0);
       host_gemm_gated(op, x_rows, {w_gate, w_up, w_down}, {bg, bu, bd}, activation,
-                      {block(0), block(1), block(2)}, y_rows, threading);
+                      {gate, block(1), save ? saved_block(2) : gate}, y_rows, threading);
       return {y, saved};
     }
     const fmlp_cpu_isa unit = fmlp_cpu_unit_isa(kernel_dtype(storage));

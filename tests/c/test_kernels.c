@@ -287,7 +287,8 @@ static void test_activation_backward(tally *t, fmlp_dtype dtype, fmlp_activation
 }
 
 /* The epilogue passes that follow a host GEMM, against the reference: act(pre) out of
- * place and in place, and act(gate) * up, over several chunks with a ragged end. */
+ * place and in place, and act(gate) * up out of place and over gate, over several chunks
+ * with a ragged end. */
 static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act) {
   enum { n = 3 * 16384 + 5 };
   const size_t elem = elem_size(dtype);
@@ -295,12 +296,15 @@ static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act
   void *pre_data = make_matrix(dtype, 1, n, 0, 50, &pre);
   void *up_data = make_matrix(dtype, 1, n, 0, 51, &up);
   void *out = malloc(n * elem), *in_place = malloc(n * elem), *product = malloc(n * elem);
+  void *over_gate = malloc(n * elem);
   memcpy(in_place, pre_data, n * elem);
+  memcpy(over_gate, pre_data, n * elem);
   const fmlp_threading serial = {NULL, NULL, 1};
   const int before = t->failed;
   if (fmlp_cpu_activation_forward(dtype, n, pre_data, act, out, &serial) != FMLP_OK ||
       fmlp_cpu_activation_forward(dtype, n, in_place, act, in_place, &serial) != FMLP_OK ||
-      fmlp_cpu_gated_product(dtype, n, pre_data, up_data, act, product, &serial) != FMLP_OK) {
+      fmlp_cpu_gated_product(dtype, n, pre_data, up_data, act, product, &serial) != FMLP_OK ||
+      fmlp_cpu_gated_product(dtype, n, over_gate, up_data, act, over_gate, &serial) != FMLP_OK) {
     t->failed++;
   }
   /* one rounding of each stored value: bfloat16's is 2^-9 relative */
@@ -311,6 +315,8 @@ static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act
     check_close(t, "activation forward in place", element(dtype, in_place, i), want, tol);
     check_close(t, "gated product", element(dtype, product, i),
                 want * element(dtype, up_data, i), tol);
+    check_close(t, "gated product over gate", element(dtype, over_gate, i),
+                want * element(dtype, up_data, i), tol);
   }
   if (t->failed == before) t->passed++;
   free(pre_data);
@@ -318,6 +324,7 @@ static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act
   free(out);
   free(in_place);
   free(product);
+  free(over_gate);
 }
 
 /* Where GEMMs run: by default our kernels only for a dtype whose unit is at a level measured

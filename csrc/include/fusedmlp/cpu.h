@@ -228,7 +228,7 @@ fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *gra
 
 /* The epilogue passes that follow a host GEMM (FMLP_GEMM_HOST), elementwise
  * over n contiguous values: out = act(pre) (out may be pre), and
- * product = act(gate) * up (product overlaps neither). */
+ * product = act(gate) * up (product may be gate or up, else overlaps neither). */
 fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t n, const void *pre,
                                         fmlp_activation activation, void *out,
                                         const fmlp_threading *threading);
