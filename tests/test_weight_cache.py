@@ -13,6 +13,7 @@ import fusedmlp
 import pytest
 import torch
 from conftest import transposed_layout
+from fusedmlp import _C
 from torch import Tensor
 
 ENV = "FUSEDMLP_WEIGHT_CACHE_MB"
@@ -26,7 +27,11 @@ DIM, HIDDEN = 160, 288  # past a K block's edge tiles: odd panels and tiles
 
 @pytest.fixture(autouse=True)
 def fresh_cache(monkeypatch) -> None:
-    """Each test starts from an empty cache, turned on."""
+    """Each test starts from an empty cache, turned on, on our kernels' path: the cache is
+    theirs, so on a CPU whose default is ATen's GEMM (no AVX2) its best level is forced."""
+    monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
+    if _C.cpu_isa().startswith("aten+"):
+        monkeypatch.setenv("FUSEDMLP_ISA", _C.cpu_isa().removeprefix("aten+"))
     monkeypatch.setenv(ENV, ON)
     fusedmlp.clear_weight_cache()
     yield
