@@ -46,9 +46,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(params=list(ISAS))
 def isa(request, monkeypatch) -> str:
-    """Each instruction set the CPU has, forced with FUSEDMLP_ISA for the test."""
+    """Each instruction set the CPU has, forced with FUSEDMLP_ISA for the test (our kernels,
+    also in a suite run under FUSEDMLP_CPU_GEMM=aten)."""
     if not ISAS[request.param].supported:
         pytest.skip(f"this CPU lacks some of {list(ISAS[request.param].cpu_features)}")
+    monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
     monkeypatch.setenv("FUSEDMLP_ISA", request.param)
     assert _C.cpu_isa() == request.param
     return request.param

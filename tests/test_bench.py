@@ -205,6 +205,7 @@ def test_emulate_cpu_avx2_limits_fused_and_torch(tmp_path: Path,
     kernels, torch's CPU capability and MKL's code path (its verbose banner) say AVX2, and the
     peak is AVX2's FMA loop."""
     monkeypatch.setenv("MKL_VERBOSE", "1")
+    monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)  # an AVX2 CPU's default: our kernels
     result = run_bench(tmp_path, "--emulate-cpu", "avx2", "--cases", "large_gemm", "--no-compile")
     machine = json.loads((tmp_path / "bench.json").read_text())["machine"]
     assert machine["emulated_cpu"] == "avx2" and machine["cpu_isa"] == "avx2"
