@@ -441,9 +441,24 @@ std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
   const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
   const std::vector<int64_t> widths = chain_widths(x, weights);
   const SavedChainLayout layout = saved_chain_layout(rows, widths, hidden, final_act);
-  // Sized up front (see CpuBackend::chain). Each gradient is its own tensor, held by nothing
-  // else once returned: AccumulateGrad steals it into .grad rather than copying it.
+  // Each gradient is its own tensor, held by nothing else once returned: AccumulateGrad
+  // steals it into .grad rather than copying it.
   std::vector<Tensor> grad_w(weights.size()), grad_b;
+  grad_b.reserve(bias ? n_layers : 0);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    grad_w[l] = empty({widths[l + 1], widths[l]}, options);
+    if (bias) grad_b.push_back(empty({widths[l + 1]}, options));
+  }
+  const Tensor grad_x = need_grad_x ? empty(x.sizes(), options) : empty({0}, options);
+  const fmlp_dtype dtype = kernel_dtype(x.scalar_type());
+  if (fmlp_cpu_gemm_in_use(dtype) == FMLP_GEMM_HOST) {
+    host_chain_backward(options, x_rows, weights, saved_rows, y_rows, grad, hidden, final_act,
+                        widths, layout,
+                        need_grad_x ? OptionalTensor(as_rows(grad_x)) : std::nullopt, grad_w,
+                        grad_b);
+    return {grad_x, grad_w, grad_b};
+  }
+  // Sized up front (see CpuBackend::chain).
   std::vector<fmlp_input> w_inputs;
   std::vector<const void *> pre_data, hidden_data;
   std::vector<void *> grad_w_data, grad_b_data;
@@ -451,22 +466,16 @@ std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
   pre_data.reserve(n_layers);
   hidden_data.reserve(n_layers);
   grad_w_data.reserve(n_layers);
-  grad_b.reserve(bias ? n_layers : 0);
-  grad_b_data.reserve(bias ? n_layers : 0);
+  grad_b_data.reserve(grad_b.size());
   for (int64_t l = 0; l < n_layers; ++l) {
     w_inputs.push_back(input_of(weights[l]));
     pre_data.push_back(offset_data(saved_rows, layout.pre_offset[l]));
     hidden_data.push_back(offset_data(saved_rows, layout.hidden_offset[l]));
-    grad_w[l] = empty({widths[l + 1], widths[l]}, options);
     grad_w_data.push_back(grad_w[l].data_ptr());
-    if (bias) {
-      grad_b.push_back(empty({widths[l + 1]}, options));
-      grad_b_data.push_back(grad_b.back().data_ptr());
-    }
   }
-  const Tensor grad_x = need_grad_x ? empty(x.sizes(), options) : empty({0}, options);
+  for (const Tensor &g : grad_b) grad_b_data.push_back(g.data_ptr());
   const fmlp_cpu_chain_backward_args args = {
-      .dtype = kernel_dtype(x.scalar_type()),
+      .dtype = dtype,
       .rows = rows,
       .n_layers = n_layers,
       .widths = widths.data(),
@@ -482,13 +491,6 @@ std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
       .grad_weights = grad_w_data.data(),
       .grad_biases = bias ? grad_b_data.data() : nullptr,
   };
-  if (fmlp_cpu_gemm_in_use(args.dtype) == FMLP_GEMM_HOST) {
-    host_chain_backward(options, x_rows, weights, saved_rows, y_rows, grad, hidden, final_act,
-                        widths, layout,
-                        need_grad_x ? OptionalTensor(as_rows(grad_x)) : std::nullopt, grad_w,
-                        grad_b);
-    return {grad_x, grad_w, grad_b};
-  }
   const fmlp_threading threading = aten_threading();
   check_status(fmlp_cpu_chain_backward(&args, &threading), op);
   return {grad_x, grad_w, grad_b};
