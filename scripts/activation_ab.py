@@ -46,7 +46,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from simd_ab import OPTIMISE, SUPPORT, unit_copy  # noqa: E402
+from simd_ab import OPTIMISE, SUPPORT, unit_copy, unit_isa  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from c_build import CPU_DIR, ISAS  # noqa: E402
@@ -68,13 +68,14 @@ VALUES = 1 << 16
 CALLS_PER_SAMPLE = 20
 
 
-def build(isa: str, variant: Path, scratch: Path) -> list[ctypes.CDLL]:
-    """Builds A and B as shared libraries in scratch and loads them."""
-    flags = [*OPTIMISE, "-fPIC", *ISAS[isa].compile_flags, f"-I{CPU_DIR}"]
+def build(unit: str, variant: Path, scratch: Path) -> list[ctypes.CDLL]:
+    """Builds A and B of kernel unit kernels_UNIT.c as shared libraries in scratch and loads
+    them."""
+    flags = [*OPTIMISE, "-fPIC", *ISAS[unit_isa(unit)].compile_flags, f"-I{CPU_DIR}"]
     extra = shlex.split(os.environ.get("FMLP_EXTRA_CFLAGS", ""))
     libraries = []
     for name, headers, build_flags in (("a", None, []), ("b", variant, extra)):
-        source = unit_copy(isa, name, scratch / name, headers)
+        source = unit_copy(unit, name, scratch / name, headers)
         library = scratch / f"{name}.so"
         subprocess.run(["gcc", *flags, *build_flags, "-shared", str(source), *map(str, SUPPORT),
                         "-lm", "-lpthread", "-o", str(library)], check=True)
@@ -198,28 +199,6 @@ GRAD_REFERENCES = {
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
-def build_unit(unit: str, variant: Path, scratch: Path) -> list[ctypes.CDLL]:
-    """A and B of any unit (kernels_UNIT.c), as build does for the float32 ones."""
-    isa = unit.split("_", 1)[1]
-    flags = [*OPTIMISE, "-fPIC", *ISAS[isa].compile_flags]
-    libraries = []
-    for name, headers in (("a", None), ("b", variant)):
-        folder = scratch / name
-        folder.mkdir()
-        source = (CPU_DIR / f"kernels_{unit}.c").read_text()
-        suffix = f"#define REAL_SUFFIX {unit}"
-        (folder / "unit.c").write_text(source.replace(suffix, f"{suffix}_{name}"))
-        # every header beside the unit, so that a header the tree's headers include is the
-        # variant's too (a quoted include looks in the including file's folder first)
-        for header in [*CPU_DIR.glob("*.h"), *(headers.glob("*.h") if headers else ())]:
-            (folder / header.name).write_bytes(header.read_bytes())
-        library = scratch / f"{name}.so"
-        subprocess.run(["gcc", *flags, "-shared", str(folder / "unit.c"), *map(str, SUPPORT),
-                        "-lm", "-lpthread", "-o", str(library)], check=True)
-        libraries.append(ctypes.CDLL(str(library)))
-    return libraries
-
-
 def grad_passes(library: ctypes.CDLL, unit: str, name: str) -> dict:
     """The build's serial slope and gated passes and its forward, each over tensors."""
     def symbol(what: str, n_pointers: int):
@@ -320,7 +299,7 @@ def check_grad_bits(unit: str, builds: dict[str, dict], stride: int) -> None:
 
 def grad_main(mode: str, unit: str, variant: Path, count: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        library_a, library_b = build_unit(unit, variant, Path(scratch))
+        library_a, library_b = build(unit, variant, Path(scratch))
         builds = {"A": grad_passes(library_a, unit, "a"), "B": grad_passes(library_b, unit, "b")}
         (time_grads if mode == "gradtime" else check_grad_bits)(unit, builds, count)
 
@@ -342,7 +321,7 @@ def main() -> None:
         grad_main(mode, isa, variant, count)
         return
     with tempfile.TemporaryDirectory() as scratch:
-        library_a, library_b = build(isa, variant, Path(scratch))
+        library_a, library_b = build(f"f32_{isa}", variant, Path(scratch))
         ours = {"A": forward(library_a, isa, "a"), "B": forward(library_b, isa, "b")}
         passes = {}
         for activation, (value, torch_pass) in ACTIVATIONS.items():

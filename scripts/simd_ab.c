@@ -1,10 +1,12 @@
-/* Two builds of a float32 SIMD unit in one process (issue 18): A, the unit
- * as the tree has it, and B, the same unit with some of its headers swapped
- * for variants (scripts/simd_ab.py builds both, their symbols suffixed _a
- * and _b). Whole ops on one thread, A and B alternating within each round
- * (which goes first swaps every round), so both see the same moment's load;
- * each case prints the median and quartiles of B's time over A's and the
- * median GFLOP/s of each. One thread's CPU time: other processes on the
+/* Two builds of a SIMD unit in one process (issues 12, 18): A, the unit as
+ * the tree has it, and B, the same unit with some of its headers swapped for
+ * variants (scripts/simd_ab.py builds both, their symbols suffixed _a and
+ * _b). UNIT is the unit's suffix (f32_avx512, bf16_avx512_bf16), and
+ * STORAGE_BF16 says its storage is bfloat16: every buffer then holds
+ * bfloat16 values. Whole ops on one thread, A and B alternating within each
+ * round (which goes first swaps every round), so both see the same moment's
+ * load; each case prints the median and quartiles of B's time over A's and
+ * the median GFLOP/s of each. One thread's CPU time: other processes on the
  * core cost it little, though they still share its caches.
  *
  * Cases: linear GELU at 512 rows (`linear`) and 1024 rows (`linear1024`;
@@ -14,7 +16,7 @@
  * MLP's three layers each alone, rows cut alike), the GeGLU block at 256
  * tokens, and (`gated4096`) at 4096 tokens, weights packed ahead. `few`:
  * linear 768 -> 3072 GELU at 1 to 6 rows. `ksweep`:
- * see k_sweep_cases. The training benches' float32 backwards on one thread:
+ * see k_sweep_cases. The training benches' backwards on one thread:
  * `backward`, bench train_step's 256 x 512^3 and train_small's 16 x 256^3
  * ReLU chains without grad_x, and each one's dW and dX products alone;
  * `gated_backward`, train_gated's GeGLU block at 256 tokens. */
@@ -28,15 +30,35 @@
 #include "fusedmlp/cpu.h"
 #include "harness.h"
 
-#ifndef ISA
-#error "compile with -DISA=avx2 or -DISA=avx512"
+#ifndef UNIT
+#error "compile with -DUNIT=<a kernel unit's suffix>, e.g. -DUNIT=f32_avx512"
 #endif
 #define STRING2(x) #x
 #define STRING(x) STRING2(x)
 #define CAT2(a, b) a##b
 #define CAT(a, b) CAT2(a, b)
-#define BUILD_A(name) CAT(CAT(name, _f32_), CAT(ISA, _a))
-#define BUILD_B(name) CAT(CAT(name, _f32_), CAT(ISA, _b))
+#define BUILD_A(name) CAT(CAT(name, _), CAT(UNIT, _a))
+#define BUILD_B(name) CAT(CAT(name, _), CAT(UNIT, _b))
+
+#ifdef STORAGE_BF16
+#define DTYPE FMLP_BF16
+/* harness.h's values rounded to bfloat16 (to nearest even; they are finite) */
+static void *values(int64_t n, unsigned seed) {
+  float *f = filled(n, seed);
+  uint16_t *v = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
+  if (v == NULL) exit(1);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    memcpy(&bits, &f[i], sizeof bits);
+    v[i] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+  free(f);
+  return v;
+}
+#else
+#define DTYPE FMLP_F32
+static void *values(int64_t n, unsigned seed) { return filled(n, seed); }
+#endif
 fmlp_status BUILD_A(fmlp_cpu_chain)(const fmlp_cpu_chain_args *, const fmlp_threading *);
 fmlp_status BUILD_B(fmlp_cpu_chain)(const fmlp_cpu_chain_args *, const fmlp_threading *);
 fmlp_status BUILD_A(fmlp_cpu_gated)(const fmlp_cpu_gated_args *, const fmlp_threading *);
@@ -127,13 +149,13 @@ static void compare(const char *what, const op *o, int rounds, double flops) {
 static void linear_case(int rounds, int64_t rows, int64_t k, int64_t n,
                         const fmlp_threading *threading) {
   const int64_t widths[2] = {k, n};
-  const fmlp_input weight = {filled(n * k, 2), k, 1};
-  const void *bias[1] = {filled(n, 3)};
+  const fmlp_input weight = {values(n * k, 2), k, 1};
+  const void *bias[1] = {values(n, 3)};
   const op o = {.kind = CHAIN,
-                .chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 1, .widths = widths,
-                          .x = {filled(rows * k, 1), k, 1}, .weights = &weight,
+                .chain = {.dtype = DTYPE, .rows = rows, .n_layers = 1, .widths = widths,
+                          .x = {values(rows * k, 1), k, 1}, .weights = &weight,
                           .biases = bias, .hidden_activation = FMLP_ACT_GELU,
-                          .final_activation = FMLP_ACT_GELU, .y = filled(rows * n, 4),
+                          .final_activation = FMLP_ACT_GELU, .y = values(rows * n, 4),
                           .y_row_stride = n},
                 .threading = threading};
   char what[80];
@@ -164,15 +186,15 @@ static void mlp_case(int rounds, int layers) {
   const void *biases[3];
   double flops = 0;
   for (int l = 0; l < 3; ++l) {
-    weights[l] = (fmlp_input){filled(widths[l] * widths[l + 1], 10 + l), widths[l], 1};
-    biases[l] = filled(widths[l + 1], 20 + l);
+    weights[l] = (fmlp_input){values(widths[l] * widths[l + 1], 10 + l), widths[l], 1};
+    biases[l] = values(widths[l + 1], 20 + l);
     flops += 2.0 * rows * widths[l] * widths[l + 1];
   }
-  const op o = {.chain = {.dtype = FMLP_F32, .rows = rows, .n_layers = 3, .widths = widths,
-                          .x = {filled(rows * widths[0], 1), widths[0], 1}, .weights = weights,
+  const op o = {.chain = {.dtype = DTYPE, .rows = rows, .n_layers = 3, .widths = widths,
+                          .x = {values(rows * widths[0], 1), widths[0], 1}, .weights = weights,
                           .biases = biases, .hidden_activation = FMLP_ACT_GELU,
                           .final_activation = FMLP_ACT_NONE,
-                          .y = filled(rows * widths[3], 4), .y_row_stride = widths[3]},
+                          .y = values(rows * widths[3], 4), .y_row_stride = widths[3]},
                 .threading = &AS_FOR_TWO};
   compare("study MLP 2048 x 768-3072-3072-768 GELU", &o, rounds, flops);
   if (layers) {
@@ -184,8 +206,8 @@ static void mlp_case(int rounds, int layers) {
       one.chain.weights = weights + l;
       one.chain.biases = biases + l;
       one.chain.final_activation = l < 2 ? FMLP_ACT_GELU : FMLP_ACT_NONE;
-      one.chain.x = (fmlp_input){filled(rows * widths[l], 1), widths[l], 1};
-      one.chain.y = filled(rows * widths[l + 1], 4);
+      one.chain.x = (fmlp_input){values(rows * widths[l], 1), widths[l], 1};
+      one.chain.y = values(rows * widths[l + 1], 4);
       one.chain.y_row_stride = widths[l + 1];
       char what[80];
       snprintf(what, sizeof what, "  its layer %d alone (%lld -> %lld)", l,
@@ -203,12 +225,12 @@ static void gated_cases(int rounds, const int64_t *tokens, size_t count) {
   for (size_t s = 0; s < count; ++s) {
     const int64_t rows = tokens[s];
     const op o = {.kind = GATED,
-                  .block = {.dtype = FMLP_F32, .rows = rows, .dim = dim, .hidden = hidden,
-                            .out_dim = dim, .x = {filled(rows * dim, 1), dim, 1},
-                            .w_gate = {filled(hidden * dim, 2), dim, 1},
-                            .w_up = {filled(hidden * dim, 3), dim, 1},
-                            .w_down = {filled(dim * hidden, 4), hidden, 1},
-                            .activation = FMLP_ACT_GELU_TANH, .y = filled(rows * dim, 5),
+                  .block = {.dtype = DTYPE, .rows = rows, .dim = dim, .hidden = hidden,
+                            .out_dim = dim, .x = {values(rows * dim, 1), dim, 1},
+                            .w_gate = {values(hidden * dim, 2), dim, 1},
+                            .w_up = {values(hidden * dim, 3), dim, 1},
+                            .w_down = {values(dim * hidden, 4), hidden, 1},
+                            .activation = FMLP_ACT_GELU_TANH, .y = values(rows * dim, 5),
                             .y_row_stride = dim},
                   .threading = rows > 512 ? &AS_FOR_TWO : NULL};
     char what[80];
@@ -229,18 +251,18 @@ static void chain_backward_cases(int rounds, int64_t rows, int64_t width) {
   const void *pre[3], *hidden[3];
   void *grad_w[3], *grad_b[3];
   for (int l = 0; l < 3; ++l) {
-    weights[l] = (fmlp_input){filled(width * width, 10 + l), width, 1};
-    pre[l] = filled(rows * width, 20 + l);
-    hidden[l] = filled(rows * width, 30 + l);
-    grad_w[l] = filled(width * width, 40 + l);
-    grad_b[l] = filled(width, 50 + l);
+    weights[l] = (fmlp_input){values(width * width, 10 + l), width, 1};
+    pre[l] = values(rows * width, 20 + l);
+    hidden[l] = values(rows * width, 30 + l);
+    grad_w[l] = values(width * width, 40 + l);
+    grad_b[l] = values(width, 50 + l);
   }
-  float *grad_x = filled(rows * width, 5);
+  void *grad_x = values(rows * width, 5);
   const fmlp_cpu_chain_backward_args chain = {
-      .dtype = FMLP_F32, .rows = rows, .n_layers = 3, .widths = widths,
-      .x = {filled(rows * width, 1), width, 1}, .weights = weights,
+      .dtype = DTYPE, .rows = rows, .n_layers = 3, .widths = widths,
+      .x = {values(rows * width, 1), width, 1}, .weights = weights,
       .hidden_activation = FMLP_ACT_RELU, .final_activation = FMLP_ACT_NONE,
-      .saved_pre = pre, .saved_hidden = hidden, .grad_y = filled(rows * width, 4),
+      .saved_pre = pre, .saved_hidden = hidden, .grad_y = values(rows * width, 4),
       .grad_x = NULL, .grad_weights = grad_w, .grad_biases = grad_b};
   const double product = 2.0 * rows * width * width;
   op o = {.kind = CHAIN_BACKWARD, .chain_backward = chain};
@@ -267,14 +289,14 @@ static void chain_backward_cases(int rounds, int64_t rows, int64_t width) {
 static void gated_backward_case(int rounds) {
   const int64_t rows = 256, dim = 768, hidden = 3072;
   const fmlp_cpu_gated_block_backward_args b = {
-      .dtype = FMLP_F32, .rows = rows, .dim = dim, .hidden = hidden, .out_dim = dim,
-      .x = {filled(rows * dim, 1), dim, 1}, .w_gate = {filled(hidden * dim, 2), dim, 1},
-      .w_up = {filled(hidden * dim, 3), dim, 1}, .w_down = {filled(dim * hidden, 4), hidden, 1},
-      .activation = FMLP_ACT_GELU_TANH, .saved_gate = filled(rows * hidden, 5),
-      .saved_up = filled(rows * hidden, 6), .saved_product = filled(rows * hidden, 7),
-      .grad_y = filled(rows * dim, 8), .grad_x = filled(rows * dim, 9),
-      .grad_w_gate = filled(hidden * dim, 10), .grad_w_up = filled(hidden * dim, 11),
-      .grad_w_down = filled(dim * hidden, 12)};
+      .dtype = DTYPE, .rows = rows, .dim = dim, .hidden = hidden, .out_dim = dim,
+      .x = {values(rows * dim, 1), dim, 1}, .w_gate = {values(hidden * dim, 2), dim, 1},
+      .w_up = {values(hidden * dim, 3), dim, 1}, .w_down = {values(dim * hidden, 4), hidden, 1},
+      .activation = FMLP_ACT_GELU_TANH, .saved_gate = values(rows * hidden, 5),
+      .saved_up = values(rows * hidden, 6), .saved_product = values(rows * hidden, 7),
+      .grad_y = values(rows * dim, 8), .grad_x = values(rows * dim, 9),
+      .grad_w_gate = values(hidden * dim, 10), .grad_w_up = values(hidden * dim, 11),
+      .grad_w_down = values(dim * hidden, 12)};
   const op o = {.kind = GATED_BACKWARD, .block_backward = b};
   compare("GeGLU backward 256 x 768-3072-768", &o, rounds, 2.0 * 6 * rows * dim * hidden);
   free((void *)b.x.data), free((void *)b.w_gate.data), free((void *)b.w_up.data);
@@ -311,7 +333,7 @@ int main(int argc, char **argv) {
   const char *cases = argc > 2 ? argv[2] : "linear,mlp,gated";
   if (rounds < 1) rounds = 1;
   if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
-  printf("one thread, %d rounds, B/A of the float32 %s unit\n", rounds, STRING(ISA));
+  printf("one thread, %d rounds, B/A of the %s unit\n", rounds, STRING(UNIT));
   if (names(cases, "linear")) linear_cases(rounds, 512);
   if (names(cases, "linear1024")) linear_cases(rounds, 1024);
   if (names(cases, "few")) few_rows_cases(rounds);

@@ -19,8 +19,9 @@ SCRIPTS = ROOT / "scripts"
 # harness, the registry level whose flags it is compiled with (None: no ISA flags), and the
 # defines its driver script passes
 HARNESSES = [
-    ("simd_ab.c", None, ("-DISA=avx2",)),
-    ("simd_ab.c", None, ("-DISA=avx512",)),
+    ("simd_ab.c", None, ("-DUNIT=f32_avx2",)),
+    ("simd_ab.c", None, ("-DUNIT=f32_avx512",)),
+    ("simd_ab.c", None, ("-DUNIT=bf16_avx512_bf16", "-DSTORAGE_BF16")),
     ("simd_efficiency.c", "avx2", ('-DFMLP_UNIT_SOURCE="kernels_f32_avx2.c"',)),
     ("simd_efficiency.c", "avx512", ('-DFMLP_UNIT_SOURCE="kernels_f32_avx512.c"',)),
     ("amx_bisect.c", "avx512_amx", ()),
