@@ -290,7 +290,8 @@ static void FN(fill_empty_product)(int64_t rows, int64_t n, const STORE *bias,
  * L1 while it sweeps the weight block (nc x kc, a weight's share of half the
  * L2), whose panels stream from L2; the input block (mc x kc) takes a quarter
  * of the L2, so the weight blocks come from farther once per mc rows (the
- * AVX2 float unit's shares differ: tile_avx2.h). K is
+ * AVX2 float unit's shares differ, tile_avx2.h, and units that run K whole
+ * give it the whole L2, GEMM_INPUT_L2_SHARE). K is
  * cut into equal blocks of at most GEMM_KC (GEMM_LINEAR_KC for one weight:
  * see microkernel_simd.h for why those are finer; two weights' K up to
  * GEMM_GATED_ONE_BLOCK_K in one block: see tile_avx512.h). Measured on the
@@ -318,9 +319,19 @@ typedef struct {
  * weights are packed ahead, the weight block 1 / GEMM_AHEAD_WEIGHT_L2_SHARE
  * (a unit's tile header may set both: tile_avx2.h); weights packed just in
  * time keep half the L2 for their block, the rows being one input block
- * whatever its size. */
+ * whatever its size. A unit that runs K whole (storage narrower than REAL:
+ * microkernel_simd.h's GEMM_KC) gives its input block the whole L2: at K
+ * 3072 a quarter held 48 rows, so a row block of 240 (the study MLP's at
+ * 2048 rows, two threads) brought each weight block from L3 five times.
+ * scripts/simd_ab.py, one thread, medians of 7-9 alternating rounds, loaded
+ * machine, time against a quarter: AVX512-BF16 unit 4096 x 3072 -> 3072
+ * GELU 0.957, the study MLP 0.948 (its 3072 -> 3072 layer 0.948), GeGLU at
+ * 4096 tokens 0.980, just-in-time products level (0.98-1.01); bfloat16 AVX2
+ * unit 0.839, 0.902 (0.847); the bfloat16 AVX-512 unit, whose packs are
+ * float, level (0.97-1.01). Twice the L2 (341 rows) gained no more (study
+ * MLP 0.968). */
 #ifndef GEMM_INPUT_L2_SHARE
-#define GEMM_INPUT_L2_SHARE 4
+#define GEMM_INPUT_L2_SHARE (STORE_IS_REAL ? 4 : 1)
 #endif
 #ifndef GEMM_AHEAD_WEIGHT_L2_SHARE
 #define GEMM_AHEAD_WEIGHT_L2_SHARE 2

@@ -98,6 +98,10 @@
 #define FMLP_MICROKERNEL_BEGIN FN(begin_tiles)
 #define FMLP_MICROKERNEL_END FN(finish_tiles)
 #define FMLP_OWN_FEW_ROWS 1 /* few_rows_amx.h, at the end */
+/* The input block keeps a quarter of the L2, the blocks measured above; the
+ * whole L2 that gemm.h gives the other bfloat16 units has not run on an AMX
+ * CPU. */
+#define GEMM_INPUT_L2_SHARE 4
 #include "microkernel_simd.h"
 
 /* The packed tile, for gemm.h and drivers.h (included after this header);
