@@ -48,6 +48,16 @@ def test_sizes_that_cross_every_block_boundary(device, activation, generator):
     assert_matches_reference(fusedmlp.linear(x, w, b, activation), reference64(x, w, b, activation))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_row_block_of_several_input_blocks(isa, dtype, restore_num_threads, generator):
+    """Weights packed ahead (past 512 rows) and past the L2, one thread: a row block of up to
+    480 rows that gemm.h's input blocks cut in several at K 4096 (a whole-K bfloat16 unit's
+    block is the L2's worth, ~128 rows with 1 MiB), every instruction set, against float64."""
+    torch.set_num_threads(1)
+    x, w, b = sample_linear("cpu", dtype, (1100, 4096), 160, True, generator)
+    assert_matches_reference(fusedmlp.linear(x, w, b, "gelu"), reference64(x, w, b, "gelu"))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_strided_inputs(device, generator):
     base = torch.randn(40, 33, generator=generator).to(device)
