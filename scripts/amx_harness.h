@@ -1,6 +1,6 @@
 /* What the AMX timing harnesses (amx_bisect.c, amx_gated.c) share beyond
- * harness.h: the tile state asked of Linux, bfloat16 inputs, and a hash of
- * bfloat16 outputs by which two builds' results are compared. */
+ * harness.h: the tile state asked of Linux, and a hash of bfloat16 outputs
+ * by which two builds' results are compared. */
 #ifndef FUSEDMLP_SCRIPTS_AMX_HARNESS_H
 #define FUSEDMLP_SCRIPTS_AMX_HARNESS_H
 
@@ -10,7 +10,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "bf16.h"
 #include "harness.h"
 
 /* Asks Linux for the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM of
@@ -20,16 +19,6 @@ static void request_amx_tiles(void) {
     fprintf(stderr, "the OS does not grant the AMX tile state\n");
     exit(1);
   }
-}
-
-/* n bfloat16 values of reproducible noise (harness.h's filled, rounded). */
-static fmlp_bf16 *filled_bf16(int64_t n, unsigned seed) {
-  float *f = filled(n, seed);
-  fmlp_bf16 *out = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
-  if (out == NULL) exit(1);
-  for (int64_t i = 0; i < n; ++i) out[i] = fmlp_float_to_bf16(f[i]);
-  free(f);
-  return out;
 }
 
 /* FNV-1a's start value, and its hash of n bfloat16 values continued from

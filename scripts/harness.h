@@ -1,11 +1,14 @@
-/* What the C timing harnesses (simd_efficiency.c, simd_ab.c) share: the
- * calling thread's CPU time, and buffers of reproducible values. */
+/* What the C timing harnesses (simd_efficiency.c, simd_ab.c, the AMX ones)
+ * share: the calling thread's CPU time, and buffers of reproducible values
+ * in float and bfloat16. */
 #ifndef FUSEDMLP_SCRIPTS_HARNESS_H
 #define FUSEDMLP_SCRIPTS_HARNESS_H
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include "bf16.h"
 
 /* The calling thread's CPU time in seconds: another process on the core
  * does not count, as wall time would. */
@@ -31,6 +34,16 @@ static float *filled(int64_t n, unsigned seed) {
 static int by_value(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
+}
+
+/* n bfloat16 values of reproducible noise (filled's, rounded to nearest even). */
+static fmlp_bf16 *filled_bf16(int64_t n, unsigned seed) {
+  float *f = filled(n, seed);
+  fmlp_bf16 *out = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
+  if (out == NULL) exit(1);
+  for (int64_t i = 0; i < n; ++i) out[i] = fmlp_float_to_bf16(f[i]);
+  free(f);
+  return out;
 }
 
 #endif

@@ -42,19 +42,7 @@
 
 #ifdef STORAGE_BF16
 #define DTYPE FMLP_BF16
-/* harness.h's values rounded to bfloat16 (to nearest even; they are finite) */
-static void *values(int64_t n, unsigned seed) {
-  float *f = filled(n, seed);
-  uint16_t *v = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
-  if (v == NULL) exit(1);
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    memcpy(&bits, &f[i], sizeof bits);
-    v[i] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-  }
-  free(f);
-  return v;
-}
+static void *values(int64_t n, unsigned seed) { return filled_bf16(n, seed); }
 #else
 #define DTYPE FMLP_F32
 static void *values(int64_t n, unsigned seed) { return filled(n, seed); }

@@ -82,7 +82,7 @@ def main() -> None:
                            check=True)
         binary = Path(scratch) / "ab"
         storage = ["-DSTORAGE_BF16"] if unit.startswith("bf16_") else []
-        subprocess.run(["gcc", *OPTIMISE, f"-DUNIT={unit}", *storage,
+        subprocess.run(["gcc", *OPTIMISE, f"-I{CPU_DIR}", f"-DUNIT={unit}", *storage,
                         str(ROOT / "scripts" / "simd_ab.c"),
                         *objects, *map(str, SUPPORT), "-lm", "-lpthread", "-o", str(binary)],
                        check=True)
