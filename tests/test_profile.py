@@ -113,9 +113,22 @@ def test_summary_md_reads_each_step(uncompiled_study: Path) -> None:
     assert "fused replaced 3 aten::linear and 2 aten::gelu with 1 fusedmlp::mlp" in summary
     assert "\n  aten::addmm " in summary and "fusedmlp.gated_mlp.gate_up" in summary
     assert "- liger: skipped: " in summary and "![timeline](timeline-gated.png)" in summary
-    assert "peak forward memory fell" in summary and "| peak fwd MiB |" in summary
-    # on the CPU the memory figures say what torch.profiler cannot see
+    assert "| peak fwd MiB |" in summary
+    # on the CPU the memory figures say what torch.profiler cannot see: the fused peaks are
+    # starred, worded as what torch sees, and not ranked against eager's whole one
     assert "scripts/heap_peak.py counts them" in summary
+    assert summary.count("\\* torch's allocations only") == len(EXPERIMENTS)
+    fused_rows = [row for row in summary.splitlines() if row.startswith("| fused ")]
+    assert len(fused_rows) == len(EXPERIMENTS)
+    assert all(row.split("|")[10].strip().endswith("*") for row in fused_rows)
+    assert "peak forward memory torch sees " in summary
+    assert "peak forward memory fell" not in summary
+    assert summary.count("lowest peak forward memory: eager itself") == len(EXPERIMENTS)
+    assert "fused not ranked (torch does not see their kernels' scratch)" in summary
+    experiments = json.loads((uncompiled_study / "summary.json").read_text())["experiments"]
+    for experiment in experiments.values():
+        whole = {name: v["inference_peak_is_whole"] for name, v in experiment["variants"].items()}
+        assert whole == {"eager": True, "fused": False}
 
 
 def test_compiled_variants_of_linear(tmp_path: Path) -> None:

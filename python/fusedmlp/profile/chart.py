@@ -74,7 +74,9 @@ def write_chart(path: Path, experiments: list[ExperimentResult], title: str) -> 
         count_axes.yaxis.set_major_locator(MaxNLocator(integer=True))
         count_axes.set_ylabel("ops / kernels per forward")
         memory_axes = axes[2][column]
-        grouped_bars(memory_axes, labels, memory_series(experiment))
+        # a starred variant's peak counts torch's allocations alone (summary.md says why)
+        memory_labels = [result.variant + result.peak_mark for result in experiment.variants]
+        grouped_bars(memory_axes, memory_labels, memory_series(experiment))
         memory_axes.set_ylabel("MiB above inputs and weights")
     figure.suptitle(title)
     figure.tight_layout()

@@ -243,6 +243,11 @@ class VariantResult:
         return sum(self.counts.top_level_ops.values())
 
     @property
+    def peak_mark(self) -> str:
+        """"*" where the inference peak counts torch's allocations alone, else ""."""
+        return "" if self.memory.peak_is_whole else "*"
+
+    @property
     def kernels_per_forward(self) -> float | None:
         kernels = self.counts.device_kernels
         return None if kernels is None else sum(kernels.values())

@@ -80,10 +80,13 @@ def measure_call(
 @dataclass(frozen=True)
 class ForwardMemory:
     """Bytes of one forward above its inputs and weights: the inference peak (output included),
-    and with autograd what the forward saved for backward (what it leaves, less its output)."""
+    and with autograd what the forward saved for backward (what it leaves, less its output).
+    peak_is_whole: False where the peak counts torch's allocations alone, missing memory the
+    forward's kernels allocate themselves (fusedmlp's C kernels on the CPU)."""
 
     inference_peak_bytes: int
     saved_for_backward_bytes: int
+    peak_is_whole: bool = True
 
 
 def forward_memory(model: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor,
