@@ -46,6 +46,12 @@ def test_compile_max_column_and_its_ratio_with_a_dash_for_training_cases() -> No
     assert table["train"][11] == "2.00/2.00/\u2014/2.00"
 
 
+def test_a_peak_torch_sees_only_in_part_is_starred() -> None:
+    case = result("infer", False, {"eager": 1.0, "fused": 0.5})
+    case.memory["fused"]["peak_is_whole"] = False  # the CPU kernels' own scratch unseen
+    assert rows(format_table([case]))["infer"][-2:] == ["2.00/2.00*", "1.00/1.00"]
+
+
 def test_without_compile_max_its_columns_are_gone() -> None:
     table = format_table([result("infer", False, {"eager": 1.0, "fused": 0.5})])
     assert "compile" not in table and "e/f" in table

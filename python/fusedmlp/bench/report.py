@@ -76,12 +76,15 @@ def _memory_variants(results: list[CaseResult], key: str) -> list[str]:
 
 
 def _mib_per_variant(result: CaseResult, key: str, variants: list[str]) -> str:
-    """The variants' MiB joined by "/" (e.g. eager/compile/compile-max/fused)."""
+    """The variants' MiB joined by "/" (e.g. eager/compile/compile-max/fused); a peak that
+    counts torch's allocations alone (peak_is_whole false) is starred."""
     cells = []
     for variant in variants:
-        nbytes = result.memory.get(variant, {}).get(key)
+        memory = result.memory.get(variant, {})
+        nbytes = memory.get(key)
+        partial = key == "inference_peak_bytes" and not memory.get("peak_is_whole", True)
         cells.append(NOT_APPLICABLE if not _runs(result, variant)
-                     else "-" if nbytes is None else format_mib(nbytes))
+                     else "-" if nbytes is None else format_mib(nbytes) + "*" * partial)
     return "/".join(cells) or "-"
 
 
