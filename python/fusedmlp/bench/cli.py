@@ -74,7 +74,7 @@ from fusedmlp.bench.peak import (
 )
 from fusedmlp.bench.report import VARIANTS, CaseResult, format_table, write_json, write_plot
 from fusedmlp.registry import DEVICE_DTYPES
-from fusedmlp.tools.memory import forward_memory, measure_call
+from fusedmlp.tools.memory import forward_memory, measure_call, torch_sees_whole_peak
 from fusedmlp.tools.plotting import require_matplotlib
 from fusedmlp.tools.quiet_profiler import quiet_kineto
 
@@ -233,9 +233,7 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int,
             result.memory[variant] = {"inference_peak_bytes": memory.peak_bytes}
             continue
         memory = forward_memory(modules[variant], x, device, compiled=variant == "compile")
-        if variant == "fused" and device.type == "cpu":
-            # our C kernels allocate their scratch and weight packs unseen by torch.profiler
-            memory = replace(memory, peak_is_whole=False)
+        memory = replace(memory, peak_is_whole=torch_sees_whole_peak(device, variant == "fused"))
         result.memory[variant] = asdict(memory)
     return result
 

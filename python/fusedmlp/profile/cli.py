@@ -55,7 +55,12 @@ from fusedmlp.profile.report import (
 )
 from fusedmlp.profile.timeline import write_timeline
 from fusedmlp.registry import cpu_bf16_native
-from fusedmlp.tools.memory import ForwardMemory, measure_call, saved_for_backward
+from fusedmlp.tools.memory import (
+    ForwardMemory,
+    measure_call,
+    saved_for_backward,
+    torch_sees_whole_peak,
+)
 from fusedmlp.tools.plotting import require_matplotlib
 from fusedmlp.tools.quiet_profiler import quiet_kineto
 
@@ -253,10 +258,8 @@ def prepare_variant(
         )
     log(f"{prefix}: measuring the memory a forward saves for backward...")
     saved = saved_for_backward(model, inputs, device, compiled)
-    # On the CPU our C kernels allocate their scratch and weight packs themselves, unseen
-    # by torch.profiler (scripts/heap_peak.py counts them).
-    kernels_unseen = device.type == "cpu" and variant in (FUSED, FUSED_COMPILE)
-    memory = ForwardMemory(inference.peak_bytes, saved, peak_is_whole=not kernels_unseen)
+    whole = torch_sees_whole_peak(device, variant in (FUSED, FUSED_COMPILE))
+    memory = ForwardMemory(inference.peak_bytes, saved, peak_is_whole=whole)
     log(f"{prefix}: {'matches' if check.matches_eager else 'does NOT match'} eager")
     return model, functools.partial(
         VariantResult,

@@ -212,7 +212,7 @@ def bottom_line(experiment: ExperimentResult) -> str:
     fewest_ops = min(experiment.variants, key=lambda result: result.ops_per_forward)
     # A peak that misses the kernels' own allocations is not ranked against whole ones.
     whole = [result for result in experiment.variants if result.memory.peak_is_whole]
-    unranked = [result.variant for result in experiment.variants if result not in whole]
+    unranked = [result.variant for result in experiment.variants if not result.memory.peak_is_whole]
     leanest = min(whole, key=lambda result: result.memory.inference_peak_bytes)
     speedup = eager.wall.median_ms / fastest.wall.median_ms
     mismatched = [

@@ -89,6 +89,13 @@ class ForwardMemory:
     peak_is_whole: bool = True
 
 
+def torch_sees_whole_peak(device: torch.device, runs_fusedmlp: bool) -> bool:
+    """Whether torch's allocations are all of a forward's memory: not where fusedmlp's ops run on
+    the CPU, whose C kernels allocate their scratch and weight packs themselves, unseen by
+    torch.profiler (scripts/heap_peak.py counts them)."""
+    return not (runs_fusedmlp and device.type == "cpu")
+
+
 def forward_memory(model: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor,
                    device: torch.device, compiled: bool) -> ForwardMemory:
     return ForwardMemory(inference_peak(model, inputs, device),
