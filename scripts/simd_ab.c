@@ -250,7 +250,7 @@ static void chain_backward_cases(int rounds, int64_t rows, int64_t width) {
       .dtype = DTYPE, .rows = rows, .n_layers = 3, .widths = widths,
       .x = {values(rows * width, 1), width, 1}, .weights = weights,
       .hidden_activation = FMLP_ACT_RELU, .final_activation = FMLP_ACT_NONE,
-      .saved_pre = pre, .saved_hidden = hidden, .grad_y = values(rows * width, 4),
+      .saved_pre = pre, .saved_hidden = hidden, .grad_y = {values(rows * width, 4), width, 1},
       .grad_x = NULL, .grad_weights = grad_w, .grad_biases = grad_b};
   const double product = 2.0 * rows * width * width;
   op o = {.kind = CHAIN_BACKWARD, .chain_backward = chain};
@@ -270,7 +270,7 @@ static void chain_backward_cases(int rounds, int64_t rows, int64_t width) {
     free((void *)weights[l].data), free((void *)pre[l]), free((void *)hidden[l]);
     free(grad_w[l]), free(grad_b[l]);
   }
-  free(grad_x), free((void *)chain.x.data), free((void *)chain.grad_y);
+  free(grad_x), free((void *)chain.x.data), free((void *)chain.grad_y.data);
 }
 
 /* Bench train_gated's backward: the GeGLU block at 256 tokens, no biases. */
@@ -282,14 +282,14 @@ static void gated_backward_case(int rounds) {
       .w_up = {values(hidden * dim, 3), dim, 1}, .w_down = {values(dim * hidden, 4), hidden, 1},
       .activation = FMLP_ACT_GELU_TANH, .saved_gate = values(rows * hidden, 5),
       .saved_up = values(rows * hidden, 6), .saved_product = values(rows * hidden, 7),
-      .grad_y = values(rows * dim, 8), .grad_x = values(rows * dim, 9),
+      .grad_y = {values(rows * dim, 8), dim, 1}, .grad_x = values(rows * dim, 9),
       .grad_w_gate = values(hidden * dim, 10), .grad_w_up = values(hidden * dim, 11),
       .grad_w_down = values(dim * hidden, 12)};
   const op o = {.kind = GATED_BACKWARD, .block_backward = b};
   compare("GeGLU backward 256 x 768-3072-768", &o, rounds, 2.0 * 6 * rows * dim * hidden);
   free((void *)b.x.data), free((void *)b.w_gate.data), free((void *)b.w_up.data);
   free((void *)b.w_down.data), free((void *)b.saved_gate), free((void *)b.saved_up);
-  free((void *)b.saved_product), free((void *)b.grad_y), free(b.grad_x);
+  free((void *)b.saved_product), free((void *)b.grad_y.data), free(b.grad_x);
   free(b.grad_w_gate), free(b.grad_w_up), free(b.grad_w_down);
 }
 

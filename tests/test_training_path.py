@@ -83,6 +83,49 @@ def test_a_dispatch_mode_keeps_the_op_autograd_with_the_same_gradients(name: str
         torch.testing.assert_close(function_grad, op_grad)
 
 
+# An output gradient of shape (*leading, out) in the layouts autograd hands on, with x's
+# leading dimensions: one value expanded (stride 0, from a loss's sum() or mean()), every other
+# column of a wider tensor, and column-major rows.
+STRIDED_GRADIENTS: dict[str, tuple[tuple[int, ...], Callable[..., torch.Tensor]]] = {
+    "expanded": ((2, 3), lambda shape, dtype: torch.randn((), dtype=dtype).expand(shape)),
+    "sliced": (
+        (2, 3),
+        lambda shape, dtype: torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2],
+    ),
+    "transposed": ((6,), lambda shape, dtype: torch.randn(shape[::-1], dtype=dtype).t()),
+}
+
+
+@pytest.mark.parametrize("path", ["kernels", "aten"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", list(STRIDED_GRADIENTS))
+@pytest.mark.parametrize("name", list(calls()))
+def test_a_strided_output_gradient_gives_the_gradients_of_its_values(
+    name: str, layout: str, dtype: torch.dtype, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU backward takes grad_y in any layout: the gradients must be those of the same
+    values laid out contiguously, bit for bit where our kernels run (they copy a strided one
+    themselves); ATen's GEMMs, on the host-GEMM path, may sum a transposed operand in
+    another order."""
+    if path == "aten":
+        monkeypatch.setenv("FUSEDMLP_ISA", "portable")
+        monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
+    call, parameters, _ = calls()[name]
+    call.to(dtype)
+    leading, make = STRIDED_GRADIENTS[layout]
+    x = torch.randn(*leading, DIM, dtype=dtype, requires_grad=True)
+    grad_y = make((*leading, parameters[-1].shape[0]), dtype)
+    assert not grad_y.is_contiguous()
+    strided, contiguous = (
+        torch.autograd.grad(call(x), [x, *parameters], g) for g in (grad_y, grad_y.contiguous())
+    )
+    for got, want in zip(strided, contiguous, strict=True):
+        if path == "kernels":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("name", list(calls()))
 def test_parameter_gradients_are_the_backwards_own_tensors(
     name: str, monkeypatch: pytest.MonkeyPatch

@@ -158,7 +158,7 @@ static fmlp_status check_chain_backward(const fmlp_cpu_chain_backward_args *a) {
   if (status == FMLP_OK) status = check_count(a->rows, max_width, &scratch_count);
   if (status == FMLP_OK) status = check_count(scratch_count, 2, &scratch_count);
   if (status == FMLP_OK) {
-    status = check_extent(a->grad_y, a->rows, a->widths[a->n_layers]);
+    status = check_extent(a->grad_y.data, a->rows, a->widths[a->n_layers]);
   }
   return status;
 }
@@ -198,7 +198,7 @@ static fmlp_status check_gated_block_backward(const fmlp_cpu_gated_block_backwar
   if (status == FMLP_OK) status = check_extent(a->saved_gate, a->rows, a->hidden);
   if (status == FMLP_OK) status = check_extent(a->saved_up, a->rows, a->hidden);
   if (status == FMLP_OK) status = check_extent(a->saved_product, a->rows, a->hidden);
-  if (status == FMLP_OK) status = check_extent(a->grad_y, a->rows, a->out_dim);
+  if (status == FMLP_OK) status = check_extent(a->grad_y.data, a->rows, a->out_dim);
   return status;
 }
 

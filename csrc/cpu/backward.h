@@ -141,6 +141,29 @@ static fmlp_input FN(transposed)(fmlp_input m) {
   return (fmlp_input){m.data, m.col_stride, m.row_stride};
 }
 
+/* grad_y (rows x cols, any strides) as the drivers read it, contiguous: the
+ * caller's when it lies so, else a copy in *copy (the caller frees it); 0 when
+ * memory runs out. A loss's sum() or mean() hands its gradient on expanded
+ * (stride 0): a pass over it here is far cheaper than the torch layer's
+ * contiguous() through the dispatcher, ~5% of a 16-row training step. */
+static int FN(dense_grad_y)(fmlp_input *grad_y, int64_t rows, int64_t cols, STORE **copy) {
+  *copy = NULL;
+  const int rows_dense = rows <= 1 || cols == 0 || grad_y->row_stride == cols;
+  if (rows_dense && (cols <= 1 || rows == 0 || grad_y->col_stride == 1)) {
+    *grad_y = (fmlp_input){grad_y->data, cols, 1};
+    return 1;
+  }
+  *copy = fmlp_alloc_matrices(1, rows, cols, sizeof(STORE));
+  if (*copy == NULL) return 0;
+  const STORE *from = grad_y->data;
+  for (int64_t i = 0; i < rows; ++i) {
+    const STORE *row = from + i * grad_y->row_stride;
+    for (int64_t j = 0; j < cols; ++j) (*copy)[i * cols + j] = row[j * grad_y->col_stride];
+  }
+  *grad_y = (fmlp_input){*copy, cols, 1};
+  return 1;
+}
+
 /* A backward's products c[rows, n] (contiguous) = x[rows, k] @ w[n, k].T run
  * through the forward's packing and micro-kernels (gemm_rows), but as stages
  * of one parallel region (run_column_stages) rather than a fork/join per
@@ -714,7 +737,7 @@ typedef struct {
 static STORE *FN(columns_grad_pre)(const FN(columns_backward) *bw, int64_t l) {
   const fmlp_cpu_chain_backward_args *a = bw->args;
   const int64_t top = a->n_layers - 1;
-  if (l == top && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y;
+  if (l == top && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y.data;
   return bw->scratch + ((top - l) % 2) * a->rows * bw->max_width;
 }
 
@@ -783,7 +806,7 @@ static void FN(columns_backward_part)(const void *block, int64_t stage, int64_t 
   int64_t j0, count;
   if (stage == 0) {
     FN(even_split)(a->widths[top + 1], unit, n_tasks, task, &j0, &count);
-    if (count > 0) FN(finish_grad_pre_columns)(bw, top, a->grad_y, j0, count);
+    if (count > 0) FN(finish_grad_pre_columns)(bw, top, a->grad_y.data, j0, count);
     if (top_stages > 0) return;
   }
   const int64_t per_layer = FN(stages_per_layer)(bw), layer_stage = stage - top_stages;
@@ -876,7 +899,7 @@ typedef struct {
 
 static STORE *FN(layer_grad_pre)(const FN(rows_then_weights) *bw, int64_t l) {
   const fmlp_cpu_chain_backward_args *a = bw->args;
-  if (l == a->n_layers - 1 && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y;
+  if (l == a->n_layers - 1 && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y.data;
   return bw->scratch + l * a->rows * bw->max_width;
 }
 
@@ -950,7 +973,7 @@ static void FN(rows_then_weights_part)(const void *block, int64_t stage, int64_t
   if (count == 0) return;
   const int64_t top_width = a->widths[top + 1];
   if (a->final_activation != FMLP_ACT_NONE) {
-    const STORE *grad_y = a->grad_y, *pre = FN(derivative_input)(a, top);
+    const STORE *grad_y = a->grad_y.data, *pre = FN(derivative_input)(a, top);
     const int64_t at = first * top_width; /* the task's rows lie next to each other */
     FN(activation_grad_span)(FN(layer_grad_pre)(bw, top) + at, grad_y + at, pre + at,
                              count * top_width, a->final_activation);
@@ -1019,7 +1042,7 @@ static void FN(gated_packs)(const FN(columns_gated_backward) *bw, int64_t step,
   const fmlp_cpu_gated_block_backward_args *a = bw->args;
   const int64_t rows = a->rows, h = a->hidden, out = a->out_dim;
   if (step == 0) {
-    const fmlp_input grad_y = {a->grad_y, out, 1};
+    const fmlp_input grad_y = a->grad_y;
     packs[0] = FN(shared_a_of)(FN(transposed)(grad_y), out, rows, a->grad_w_down != NULL,
                                bw->shared, 0);
     packs[1] = FN(shared_a_of)(grad_y, rows, out, 1, bw->shared, bw->dx_at);
@@ -1040,10 +1063,10 @@ static void FN(gated_down_columns)(const FN(columns_gated_backward) *bw,
   const int64_t at = bw->weight_block_at, unit = FN(column_unit)(at);
   int64_t j0, count;
   FN(even_split)(out, unit, n_tasks, task, &j0, &count);
-  FN(column_sums_slice)(a->grad_y, rows, out, j0, count, a->grad_bias_down);
+  FN(column_sums_slice)(a->grad_y.data, rows, out, j0, count, a->grad_bias_down);
   FN(even_split)(h, unit, n_tasks, task, &j0, &count);
   if (count == 0) return;
-  const fmlp_input grad_y = {a->grad_y, out, 1};
+  const fmlp_input grad_y = a->grad_y;
   if (a->grad_w_down != NULL) {
     FN(product_columns)(at, out, rows, FN(transposed)(grad_y), packs[0].packed,
                         (fmlp_input){a->saved_product, h, 1}, h, a->grad_w_down, h, j0, count,
@@ -1191,9 +1214,9 @@ static void FN(gated_rows_then_weights_part)(const void *block, int64_t stage, i
   int64_t first, count;
   if (stage == 1) {
     FN(even_split)(out, GEMM_MR, n_tasks, task, &first, &count);
-    FN(column_sums_slice)(a->grad_y, rows, out, first, count, a->grad_bias_down);
+    FN(column_sums_slice)(a->grad_y.data, rows, out, first, count, a->grad_bias_down);
     if (a->grad_w_down != NULL && count > 0) {
-      FN(rows_product)((fmlp_input){a->grad_y, 1, out}, first, count,
+      FN(rows_product)(FN(transposed)(a->grad_y), first, count,
                        FN(transposed)((fmlp_input){a->saved_product, h, 1}), h, rows,
                        a->grad_w_down, task_pack, wb);
     }
@@ -1213,7 +1236,7 @@ static void FN(gated_rows_then_weights_part)(const void *block, int64_t stage, i
   }
   FN(even_split)(rows, GEMM_MR, n_tasks, task, &first, &count);
   if (count == 0) return;
-  FN(rows_product)((fmlp_input){a->grad_y, out, 1}, first, count, FN(transposed)(a->w_down), h,
+  FN(rows_product)(a->grad_y, first, count, FN(transposed)(a->w_down), h,
                    out, bw->grad_gate, task_pack, wb);
   const int64_t at = first * h;
   FN(gated_grads_span)(bw->grad_gate + at, (const STORE *)a->saved_gate + at,
@@ -1295,7 +1318,7 @@ typedef struct {
 static STORE *FN(rows_grad_pre)(const FN(rows_backward) *bw, int64_t l) {
   const fmlp_cpu_chain_backward_args *a = bw->args;
   const int64_t top = a->n_layers - 1;
-  if (l == top && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y;
+  if (l == top && a->final_activation == FMLP_ACT_NONE) return (STORE *)a->grad_y.data;
   return bw->scratch + ((top - l) % 2) * a->rows * bw->max_width;
 }
 
@@ -1338,7 +1361,7 @@ static void FN(rows_backward_part)(const void *block, int64_t stage, int64_t tas
   }
   if (stage == 0) {
     FN(even_split)(a->rows, SUM_CHUNK_ROWS, n_tasks, task, &r0, &count);
-    FN(finish_grad_pre_rows)(bw, top, a->grad_y, r0, count);
+    FN(finish_grad_pre_rows)(bw, top, a->grad_y.data, r0, count);
     FN(pack_share)(&bw->dw[top], task, n_tasks);
     return;
   }
@@ -1414,8 +1437,9 @@ static fmlp_status FN(chain_backward_rows)(const fmlp_cpu_chain_backward_args *a
   return status;
 }
 
-fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
-                                        const fmlp_threading *threading) {
+/* The chain's backward for a contiguous grad_y. */
+static fmlp_status FN(chain_backward_dense)(const fmlp_cpu_chain_backward_args *a,
+                                            const fmlp_threading *threading) {
 #if FMLP_TRANSPOSED_KERNELS
   if (FN(few_rows_backward_fits)(a)) return FN(chain_backward_columns)(a, 1, threading);
 #endif
@@ -1424,6 +1448,18 @@ fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *a,
     return FN(chain_backward_rows_then_weights)(a, threading);
   }
   return FN(chain_backward_columns)(a, 0, threading);
+}
+
+fmlp_status FN(fmlp_cpu_chain_backward)(const fmlp_cpu_chain_backward_args *args,
+                                        const fmlp_threading *threading) {
+  fmlp_cpu_chain_backward_args a = *args;
+  STORE *copy;
+  if (!FN(dense_grad_y)(&a.grad_y, a.rows, a.widths[a.n_layers], &copy)) {
+    return FMLP_ERR_OUT_OF_MEMORY;
+  }
+  const fmlp_status status = FN(chain_backward_dense)(&a, threading);
+  free(copy);
+  return status;
 }
 
 /* ---- the gated block's backward ---- */
@@ -1466,7 +1502,7 @@ static void FN(rows_gated_part)(const void *block, int64_t stage, int64_t task, 
     case 0:
       FN(even_split)(a->rows, SUM_CHUNK_ROWS, n_tasks, task, &r0, &count);
       if (a->grad_bias_down != NULL) {
-        FN(chunk_sums)(a->grad_y, r0, count, a->out_dim, FN(rows_gated_partial)(bw, 2));
+        FN(chunk_sums)(a->grad_y.data, r0, count, a->out_dim, FN(rows_gated_partial)(bw, 2));
       }
       FN(pack_share)(&bw->w_down, task, n_tasks);
       return;
@@ -1543,7 +1579,7 @@ static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_a
   if (packs == NULL || !scratch || bw.partial == NULL) {
     status = FMLP_ERR_OUT_OF_MEMORY;
   } else {
-    const fmlp_input grad_y = {a->grad_y, out, 1}, product = {a->saved_product, h, 1};
+    const fmlp_input grad_y = a->grad_y, product = {a->saved_product, h, 1};
     const fmlp_input grad_gate = {bw.grad_gate, h, 1}, grad_up = {bw.grad_up, h, 1};
     bw.w_down = FN(split_product_of)(FN(transposed)(grad_y), out, FN(transposed)(product), h,
                                      rows, a->grad_w_down, packs);
@@ -1576,8 +1612,9 @@ static fmlp_status FN(gated_backward_rows)(const fmlp_cpu_gated_block_backward_a
   return status;
 }
 
-fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backward_args *a,
-                                              const fmlp_threading *threading) {
+/* The gated block's backward for a contiguous grad_y. */
+static fmlp_status FN(gated_block_backward_dense)(const fmlp_cpu_gated_block_backward_args *a,
+                                                  const fmlp_threading *threading) {
 #if FMLP_TRANSPOSED_KERNELS
   if (FN(few_rows_gated_fits)(a)) return FN(gated_backward_columns)(a, 1, threading);
 #endif
@@ -1586,4 +1623,14 @@ fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backwar
     return FN(gated_backward_rows_then_weights)(a, threading);
   }
   return FN(gated_backward_columns)(a, 0, threading);
+}
+
+fmlp_status FN(fmlp_cpu_gated_block_backward)(const fmlp_cpu_gated_block_backward_args *args,
+                                              const fmlp_threading *threading) {
+  fmlp_cpu_gated_block_backward_args a = *args;
+  STORE *copy;
+  if (!FN(dense_grad_y)(&a.grad_y, a.rows, a.out_dim, &copy)) return FMLP_ERR_OUT_OF_MEMORY;
+  const fmlp_status status = FN(gated_block_backward_dense)(&a, threading);
+  free(copy);
+  return status;
 }

@@ -377,13 +377,14 @@ struct CpuBackend {
 };
 
 // What a backward computes from: x (the dtype and device to allocate in), x as
-// rows, grad_y as contiguous rows, the saved buffer contiguous.
+// rows, grad_y as rows (any strides: the kernels read an expanded one as it is),
+// the saved buffer contiguous.
 struct BackwardInputs {
   Tensor options, x_rows, grad, saved;
 };
 
 BackwardInputs backward_inputs(const Tensor &x, const Tensor &grad_y, const Tensor &saved) {
-  return {x, as_rows(x), as_contiguous(as_rows(grad_y)), as_contiguous(saved)};
+  return {x, as_rows(x), as_rows(grad_y), as_contiguous(saved)};
 }
 
 // A chain's backward on the host-GEMM path, as eager's runs it: from the last layer
@@ -409,7 +410,7 @@ void host_chain_backward(const Tensor &options, const Tensor &x_rows, TensorList
       const int64_t offset =
           layout.pre_offset[l] >= 0 ? layout.pre_offset[l] : layout.hidden_offset[l];
       grad = CpuBackend::activation_backward(
-          grad, offset >= 0 ? saved_rows(offset, widths[l + 1]) : *y_rows, act);
+          as_contiguous(grad), offset >= 0 ? saved_rows(offset, widths[l + 1]) : *y_rows, act);
     }
     const Tensor input = l == 0 ? x_rows : saved_rows(layout.hidden_offset[l - 1], widths[l]);
     host_mm(grad_w[l], torch::stable::transpose(grad, 0, 1), input);
@@ -486,7 +487,7 @@ std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> chain_backward(
       .saved_pre = pre_data.data(),
       .saved_hidden = hidden_data.data(),
       .y = optional_data(y_rows),
-      .grad_y = grad.data_ptr(),
+      .grad_y = input_of(grad),
       .grad_x = need_grad_x ? grad_x.data_ptr() : nullptr,
       .grad_weights = grad_w_data.data(),
       .grad_biases = bias ? grad_b_data.data() : nullptr,
@@ -530,7 +531,7 @@ gated_mlp_backward(const Tensor &grad_y, const Tensor &x, const Tensor &w_gate,
       .saved_gate = offset_data(s, 0),
       .saved_up = offset_data(s, rows * wg.size(0)),
       .saved_product = offset_data(s, 2 * rows * wg.size(0)),
-      .grad_y = grad.data_ptr(),
+      .grad_y = input_of(grad),
       .grad_x = need_grad_x ? grad_x.data_ptr() : nullptr,
       .grad_w_gate = grad_w[0].data_ptr(),
       .grad_w_up = grad_w[1].data_ptr(),

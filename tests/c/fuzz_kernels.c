@@ -517,6 +517,14 @@ static double *doubles_of(const operand *m) {
   return d;
 }
 
+/* An output's gradient: any operand layout, or one value expanded over every element
+ * (both strides 0, as a loss's sum() hands it on) one time in five. */
+static operand make_gradient(fmlp_dtype dtype, int64_t rows, int64_t cols) {
+  operand g = make_operand(dtype, rows, cols, 1.0, 0);
+  if (below(5) == 0) g.row_stride = g.col_stride = 0;
+  return g;
+}
+
 /* A contiguous rows x cols matrix of dtype (a saved tensor) as an operand. */
 static operand contiguous(fmlp_dtype dtype, void *data, int64_t rows, int64_t cols) {
   return (operand){dtype, rows, cols, cols, 1, data};
@@ -616,7 +624,7 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
     grad_w[l] = maybe_gradient(dtype, n * k);
     grad_b[l] = with_bias_grads ? maybe_gradient(dtype, n) : NULL;
   }
-  void *grad_y = random_matrix(dtype, rows, widths[n_layers]);
+  operand grad_y = make_gradient(dtype, rows, widths[n_layers]);
   void *grad_x = maybe_gradient(dtype, rows * widths[0]);
   const fmlp_cpu_chain_backward_args args = {
       .dtype = dtype,
@@ -630,7 +638,7 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
       .saved_pre = pre_in,
       .saved_hidden = hid_in,
       .y = hid[top],
-      .grad_y = grad_y,
+      .grad_y = input_of(&grad_y),
       .grad_x = grad_x,
       .grad_weights = grad_w,
       .grad_biases = with_bias_grads ? grad_b : NULL,
@@ -652,10 +660,12 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
   double *grad = malloc(sizeof(double) * cells), *below_grad = malloc(sizeof(double) * cells);
   double *magnitude = malloc(sizeof(double) * cells);
   double *below_magnitude = malloc(sizeof(double) * cells);
+  double *grad_y_values = doubles_of(&grad_y);
   for (int64_t i = 0; i < rows * widths[n_layers]; ++i) {
-    grad[i] = get(grad_y, dtype, i);
+    grad[i] = grad_y_values[i];
     magnitude[i] = fabs(grad[i]);
   }
+  free(grad_y_values);
   for (int64_t l = top; l >= 0; --l) {
     const int64_t n = widths[l + 1], k = widths[l];
     const fmlp_activation act = l == top ? final_activation : hidden;
@@ -684,7 +694,7 @@ static void fuzz_chain_backward(tally *t, fmlp_dtype dtype) {
   free(below_grad);
   free(magnitude);
   free(below_magnitude);
-  free(grad_y);
+  free(grad_y.data);
   free(grad_x);
   free(x.data);
   for (int64_t l = 0; l < n_layers; ++l) {
@@ -710,7 +720,7 @@ static void fuzz_gated_block_backward(tally *t, fmlp_dtype dtype) {
    * and the gradients: weights gate, up, down, then biases gate, up, down */
   void *gate = random_matrix(dtype, rows, hidden), *up = random_matrix(dtype, rows, hidden);
   void *product = random_matrix(dtype, rows, hidden);
-  void *grad_y = random_matrix(dtype, rows, out_dim);
+  operand grad_y = make_gradient(dtype, rows, out_dim);
   void *grad_x = maybe_gradient(dtype, rows * dim);
   const int64_t grad_sizes[6] = {hidden * dim, hidden * dim, out_dim * hidden,
                                  hidden,       hidden,       out_dim};
@@ -730,7 +740,7 @@ static void fuzz_gated_block_backward(tally *t, fmlp_dtype dtype) {
       .saved_gate = gate,
       .saved_up = up,
       .saved_product = product,
-      .grad_y = grad_y,
+      .grad_y = input_of(&grad_y),
       .grad_x = grad_x,
       .grad_w_gate = grads[0],
       .grad_w_up = grads[1],
@@ -752,9 +762,8 @@ static void fuzz_gated_block_backward(tally *t, fmlp_dtype dtype) {
   /* the reference: grad_product = grad_y @ W_down, then the gate's and up's gradients
    * from it and the saved gate and up, each rounded as the kernel stores it */
   operand saved_product = contiguous(dtype, product, rows, hidden);
-  operand grad_y_operand = contiguous(dtype, grad_y, rows, out_dim);
   double *xd = doubles_of(&x), *wgd = doubles_of(&wg), *wud = doubles_of(&wu);
-  double *wdd = doubles_of(&wd), *gy = doubles_of(&grad_y_operand);
+  double *wdd = doubles_of(&wd), *gy = doubles_of(&grad_y);
   double *pd = doubles_of(&saved_product);
   const size_t cells = (size_t)(rows * (hidden > dim ? hidden : dim) + 1);
   double *grad_gate = malloc(sizeof(double) * cells), *grad_up = malloc(sizeof(double) * cells);
@@ -793,7 +802,7 @@ static void fuzz_gated_block_backward(tally *t, fmlp_dtype dtype) {
                        pd,      gy_magnitude, want_x, from_up, gate_magnitude,
                        grad_up, up_magnitude, x_magnitude, from_up_magnitude, grad_gate};
   for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; ++i) free(scratch[i]);
-  void *buffers[] = {x.data, wg.data, wu.data, wd.data, gate, up, product, grad_y, grad_x};
+  void *buffers[] = {x.data, wg.data, wu.data, wd.data, gate, up, product, grad_y.data, grad_x};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) free(buffers[i]);
   for (int i = 0; i < 6; ++i) free(grads[i]);
 }
@@ -925,7 +934,7 @@ static void fuzz_invalid(tally *t) {
       .final_activation = FMLP_ACT_RELU,
       .saved_pre = hidden_pre_left_out,
       .saved_hidden = saved_hidden,
-      .grad_y = gy_data,
+      .grad_y = {gy_data, 2, 1},
       .grad_weights = grad_weights,
   };
   expect_status(t, fmlp_cpu_chain_backward(&backward, NULL), FMLP_OK,

@@ -370,7 +370,7 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
   const size_t elem = elem_size(dtype);
   fmlp_input x, w[2], b[2], gy;
   void *x_data = make_matrix(dtype, m, widths[0], transposed, 20, &x);
-  void *gy_data = make_matrix(dtype, m, widths[2], 0, 21, &gy);
+  void *gy_data = make_matrix(dtype, m, widths[2], transposed, 21, &gy);
   void *w_data[2], *b_data[2], *pre[2], *grad_w[2], *grad_b[2];
   for (int l = 0; l < 2; ++l) {
     w_data[l] = make_matrix(dtype, widths[l + 1], widths[l], transposed, 22 + l, &w[l]);
@@ -398,7 +398,7 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
   const fmlp_cpu_chain_backward_args backward = {
       .dtype = dtype, .rows = m, .n_layers = 2, .widths = widths, .x = x, .weights = w,
       .hidden_activation = hidden, .final_activation = final, .saved_pre = pre_in,
-      .saved_hidden = hidden_in, .y = y_serves ? y : NULL, .grad_y = gy_data,
+      .saved_hidden = hidden_in, .y = y_serves ? y : NULL, .grad_y = gy,
       .grad_x = grad_x, .grad_weights = grad_w, .grad_biases = grad_b};
   fmlp_status status = fmlp_cpu_chain(&forward, threading);
   if (status == FMLP_OK) status = fmlp_cpu_chain_backward(&backward, threading);
@@ -419,6 +419,7 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
     double *gp1 = calloc((size_t)(m * n1 + 1), sizeof(double));
 #define X(i, kk) element(dtype, x_data, (i) * x.row_stride + (kk) * x.col_stride)
 #define W(l, j, kk) element(dtype, w_data[l], (j) * w[l].row_stride + (kk) * w[l].col_stride)
+#define GY(i, j) element(dtype, gy_data, (i) * gy.row_stride + (j) * gy.col_stride)
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n1; ++j) {
         double z = element(dtype, b_data[0], j);
@@ -431,7 +432,7 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
         for (int64_t kk = 0; kk < n1; ++kk) z += element(dtype, h, i * n1 + kk) * W(1, j, kk);
         check_close(t, what, element(dtype, pre[1], i * n2 + j), z, tolerance(dtype, n1));
         z = element(dtype, pre[1], i * n2 + j);
-        gp2[i * n2 + j] = element(dtype, gy_data, i * n2 + j) * reference_activation_grad(z, final);
+        gp2[i * n2 + j] = GY(i, j) * reference_activation_grad(z, final);
       }
       for (int64_t j = 0; j < n1; ++j) {
         double g = 0;
@@ -466,6 +467,7 @@ static void test_chain_backward(tally *t, fmlp_dtype dtype, int64_t m, const int
     }
 #undef X
 #undef W
+#undef GY
     if (t->failed == before) t->passed++;
     free(gp1);
     free(gp2);
@@ -494,7 +496,7 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
   fmlp_input x, w[3], b[3], gy; /* w, b: gate, up, down */
   const int64_t w_rows[3] = {hidden, hidden, out_dim}, w_cols[3] = {dim, dim, hidden};
   void *x_data = make_matrix(dtype, m, dim, transposed, 40, &x);
-  void *gy_data = make_matrix(dtype, m, out_dim, 0, 41, &gy);
+  void *gy_data = make_matrix(dtype, m, out_dim, transposed, 41, &gy);
   void *w_data[3], *b_data[3], *grad_w[3], *grad_b[3];
   for (int p = 0; p < 3; ++p) {
     w_data[p] = make_matrix(dtype, w_rows[p], w_cols[p], transposed ^ (p == 1), 42 + p, &w[p]);
@@ -515,7 +517,7 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
   const fmlp_cpu_gated_block_backward_args backward = {
       .dtype = dtype, .rows = m, .dim = dim, .hidden = hidden, .out_dim = out_dim, .x = x,
       .w_gate = w[0], .w_up = w[1], .w_down = w[2], .activation = act, .saved_gate = gate,
-      .saved_up = up, .saved_product = product, .grad_y = gy_data, .grad_x = grad_x,
+      .saved_up = up, .saved_product = product, .grad_y = gy, .grad_x = grad_x,
       .grad_w_gate = grad_w[0], .grad_w_up = grad_w[1], .grad_w_down = grad_w[2],
       .grad_bias_gate = grad_b[0], .grad_bias_up = grad_b[1], .grad_bias_down = grad_b[2]};
   fmlp_status status = fmlp_cpu_gated(&forward, threading);
@@ -530,6 +532,7 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
   } else {
 #define X(i, kk) element(dtype, x_data, (i) * x.row_stride + (kk) * x.col_stride)
 #define W(p, j, kk) element(dtype, w_data[p], (j) * w[p].row_stride + (kk) * w[p].col_stride)
+#define GY(i, j) element(dtype, gy_data, (i) * gy.row_stride + (j) * gy.col_stride)
     /* grads[0], grads[1]: of the gate and up pre-activations; p_ref: the product */
     double *grads[2], *p_ref = calloc((size_t)(m * hidden + 1), sizeof(double));
     for (int p = 0; p < 2; ++p) grads[p] = calloc((size_t)(m * hidden + 1), sizeof(double));
@@ -539,7 +542,7 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
         for (int64_t kk = 0; kk < dim; ++kk) g += X(i, kk) * W(0, h, kk);
         for (int64_t kk = 0; kk < dim; ++kk) u += X(i, kk) * W(1, h, kk);
         for (int64_t j = 0; j < out_dim; ++j) {
-          gp += element(dtype, gy_data, i * out_dim + j) * W(2, j, h);
+          gp += GY(i, j) * W(2, j, h);
         }
         /* from here on the saved tensors, as the backward reads them (see
          * test_chain_backward) */
@@ -561,7 +564,7 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
       for (int64_t j = 0; j < w_rows[p]; ++j) {
         double db = 0;
         for (int64_t i = 0; i < m; ++i) {
-          db += p < 2 ? grads[p][i * hidden + j] : element(dtype, gy_data, i * out_dim + j);
+          db += p < 2 ? grads[p][i * hidden + j] : GY(i, j);
         }
         check_close(t, what, element(dtype, grad_b[p], j), db, tol);
         for (int64_t kk = 0; kk < w_cols[p]; ++kk) {
@@ -569,7 +572,7 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
           for (int64_t i = 0; i < m; ++i) {
             const double term =
                 p < 2 ? grads[p][i * hidden + j] * X(i, kk)
-                      : element(dtype, gy_data, i * out_dim + j) * p_ref[i * hidden + kk];
+                      : GY(i, j) * p_ref[i * hidden + kk];
             dw += term;
             magnitude += fabs(term);
           }
@@ -593,6 +596,7 @@ static void test_gated_block_backward(tally *t, fmlp_dtype dtype, int64_t m, int
     }
 #undef X
 #undef W
+#undef GY
     if (t->failed == before) t->passed++;
     free(grads[0]);
     free(grads[1]);

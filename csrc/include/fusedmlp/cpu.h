@@ -163,7 +163,7 @@ typedef struct {
   const void *const *saved_hidden; /* rows x widths[l+1], contiguous */
   const void *y; /* the chain's output, rows x widths[n_layers], contiguous; read only
                     where the last layer's saved_pre is NULL (else it may be NULL) */
-  const void *grad_y;              /* rows x widths[n_layers], contiguous */
+  fmlp_input grad_y;               /* rows x widths[n_layers], any strides (0 too) */
   void *grad_x;                    /* rows x widths[0], contiguous */
   void *const *grad_weights;       /* [l]: widths[l+1] x widths[l], contiguous */
   void *const *grad_biases;        /* [l]: widths[l+1]; the array itself may be NULL */
@@ -205,7 +205,7 @@ typedef struct {
   fmlp_input x, w_gate, w_up, w_down; /* as in fmlp_cpu_gated_args */
   fmlp_activation activation;
   const void *saved_gate, *saved_up, *saved_product;
-  const void *grad_y;                           /* rows x out_dim, contiguous */
+  fmlp_input grad_y;                            /* rows x out_dim, any strides (0 too) */
   void *grad_x;                                 /* rows x dim, contiguous */
   void *grad_w_gate, *grad_w_up, *grad_w_down;  /* the weights' shapes, contiguous */
   void *grad_bias_gate, *grad_bias_up, *grad_bias_down;
