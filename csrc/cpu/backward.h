@@ -1236,8 +1236,8 @@ static void FN(gated_rows_then_weights_part)(const void *block, int64_t stage, i
   }
   FN(even_split)(rows, GEMM_MR, n_tasks, task, &first, &count);
   if (count == 0) return;
-  FN(rows_product)(a->grad_y, first, count, FN(transposed)(a->w_down), h,
-                   out, bw->grad_gate, task_pack, wb);
+  FN(rows_product)(a->grad_y, first, count, FN(transposed)(a->w_down), h, out, bw->grad_gate,
+                   task_pack, wb);
   const int64_t at = first * h;
   FN(gated_grads_span)(bw->grad_gate + at, (const STORE *)a->saved_gate + at,
                        (const STORE *)a->saved_up + at, count * h, a->activation,
