@@ -158,7 +158,12 @@ static int FN(dense_grad_y)(fmlp_input *grad_y, int64_t rows, int64_t cols, STOR
   const STORE *from = grad_y->data;
   for (int64_t i = 0; i < rows; ++i) {
     const STORE *row = from + i * grad_y->row_stride;
-    for (int64_t j = 0; j < cols; ++j) (*copy)[i * cols + j] = row[j * grad_y->col_stride];
+    STORE *to = *copy + i * cols;
+    if (grad_y->col_stride == 0) { /* expanded along the row: a fill, which vectorizes */
+      for (int64_t j = 0; j < cols; ++j) to[j] = row[0];
+    } else {
+      for (int64_t j = 0; j < cols; ++j) to[j] = row[j * grad_y->col_stride];
+    }
   }
   *grad_y = (fmlp_input){*copy, cols, 1};
   return 1;
