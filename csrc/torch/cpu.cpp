@@ -377,8 +377,8 @@ struct CpuBackend {
 };
 
 // What a backward computes from: x (the dtype and device to allocate in), x as
-// rows, grad_y as rows (any strides: the kernels read an expanded one as it is),
-// the saved buffer contiguous.
+// rows, grad_y as rows in any layout (the kernels copy a strided one themselves, the
+// host-GEMM path's ATen GEMMs take it as it is), the saved buffer contiguous.
 struct BackwardInputs {
   Tensor options, x_rows, grad, saved;
 };
