@@ -148,8 +148,9 @@ static fmlp_input FN(transposed)(fmlp_input m) {
  * contiguous() through the dispatcher, ~5% of a 16-row training step. */
 static int FN(dense_grad_y)(fmlp_input *grad_y, int64_t rows, int64_t cols, STORE **copy) {
   *copy = NULL;
-  const int rows_dense = rows <= 1 || cols == 0 || grad_y->row_stride == cols;
-  if (rows_dense && (cols <= 1 || rows == 0 || grad_y->col_stride == 1)) {
+  const int empty = rows == 0 || cols == 0;
+  if (empty || ((rows == 1 || grad_y->row_stride == cols) &&
+                (cols == 1 || grad_y->col_stride == 1))) {
     *grad_y = (fmlp_input){grad_y->data, cols, 1};
     return 1;
   }
