@@ -83,13 +83,15 @@ def build(unit: str, variant: Path, scratch: Path) -> list[ctypes.CDLL]:
     return libraries
 
 
-def forward(library: ctypes.CDLL, isa: str, name: str):
-    """(x, out) -> None: the build's activation pass, serial (no threading)."""
-    fn = getattr(library, f"fmlp_cpu_activation_forward_f32_{isa}_{name}")
-    fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+def forward(library: ctypes.CDLL, unit: str, name: str):
+    """(activation, x, out) -> None: the build's activation pass over x as one row, no bias,
+    serial (no threading)."""
+    fn = getattr(library, f"fmlp_cpu_activation_forward_{unit}_{name}")
+    fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
 
     def run(activation: int, x: torch.Tensor, out: torch.Tensor) -> None:
-        if fn(x.numel(), x.data_ptr(), activation, out.data_ptr(), None) != 0:
+        if fn(1, x.numel(), x.data_ptr(), None, activation, out.data_ptr(), None) != 0:
             raise RuntimeError(f"build {name}: activation pass failed")
 
     return run
@@ -207,7 +209,6 @@ def grad_passes(library: ctypes.CDLL, unit: str, name: str) -> dict:
         fn.argtypes = [ctypes.c_int64, *pointers[:-2], ctypes.c_int, *pointers[-2:]]
         return fn
 
-    forward_fn = symbol("activation_forward", 3)
     slope_fn = symbol("activation_backward", 4)
     gated_fn = getattr(library, f"fmlp_cpu_gated_backward_{unit}_{name}")
     gated_fn.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 3, ctypes.c_int,
@@ -218,8 +219,7 @@ def grad_passes(library: ctypes.CDLL, unit: str, name: str) -> dict:
             raise RuntimeError(f"build {name}: pass failed")
 
     return {
-        "forward": lambda act, x, out: check(forward_fn(x.numel(), x.data_ptr(), act,
-                                                        out.data_ptr(), None)),
+        "forward": forward(library, unit, name),
         "slope": lambda act, g, x, out: check(slope_fn(g.numel(), g.data_ptr(), x.data_ptr(),
                                                        act, out.data_ptr(), None)),
         "gated": lambda act, g, x, up, out_gate, out_up: check(gated_fn(
@@ -322,7 +322,8 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as scratch:
         library_a, library_b = build(f"f32_{isa}", variant, Path(scratch))
-        ours = {"A": forward(library_a, isa, "a"), "B": forward(library_b, isa, "b")}
+        ours = {"A": forward(library_a, f"f32_{isa}", "a"),
+                "B": forward(library_b, f"f32_{isa}", "b")}
         passes = {}
         for activation, (value, torch_pass) in ACTIVATIONS.items():
             passes[activation] = {

@@ -114,7 +114,7 @@ def test_empty_products_match_eager(aten_path, rows, features, generator):
     torch.testing.assert_close(gated, F.linear(F.silu(gate) * up, w_down))
 
 
-def test_mlp_and_gated_match_eager(aten_path, generator):
+def test_mlp_and_its_gradients_match_eager(aten_path, generator):
     x = sample(70, 33, generator=generator, dtype=torch.float64).requires_grad_()
     weights = [
         sample(*shape, generator=generator, dtype=torch.float64).requires_grad_()
@@ -126,14 +126,26 @@ def test_mlp_and_gated_match_eager(aten_path, generator):
     grads = torch.autograd.grad(y.sum(), [x, *weights])
     torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), [x, *weights]))
 
-    w_gate, w_up = (sample(40, 33, generator=generator, dtype=torch.float64) for _ in range(2))
-    w_down = sample(33, 40, generator=generator, dtype=torch.float64)
-    parameters = [w.requires_grad_() for w in (w_gate, w_up, w_down)]
-    y = fusedmlp.gated_mlp(x, w_gate, w_up, w_down, "gelu_tanh")
-    expected = F.linear(FUNCTIONAL["gelu_tanh"](F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
-    torch.testing.assert_close(y, expected)
+
+# float64's biases go into our pass after ATen's GEMM, bfloat16's into ATen's GEMM (added
+# after its rounding, they would cancel to noise near zero)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_gated_with_biases_and_its_gradients_match_eager(aten_path, dtype, generator):
+    x = sample(70, 33, generator=generator, dtype=dtype).requires_grad_()
+    shapes = ((40, 33), (40, 33), (33, 40), (40,), (40,), (33,))
+    parameters = [
+        sample(*shape, generator=generator, dtype=dtype).requires_grad_() for shape in shapes
+    ]
+    w_gate, w_up, w_down, b_gate, b_up, b_down = parameters
+    y = fusedmlp.gated_mlp(x, w_gate, w_up, w_down, "gelu_tanh", b_gate, b_up, b_down)
     grads = torch.autograd.grad(y.sum(), [x, *parameters])
-    torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), [x, *parameters]))
+    inputs = [t.detach().double().requires_grad_() for t in (x, *parameters)]
+    xd, gd, ud, dd, bgd, bud, bdd = inputs
+    gelu = FUNCTIONAL["gelu_tanh"]
+    expected = F.linear(gelu(F.linear(xd, gd, bgd)) * F.linear(xd, ud, bud), dd, bdd)
+    assert_matches_reference(y, expected.detach())
+    for got, want in zip(grads, torch.autograd.grad(expected.sum(), inputs)):
+        assert_matches_reference(got, want)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])

@@ -710,20 +710,48 @@ static fmlp_status FN(columns_split)(const fmlp_threading *threading, int64_t mu
 }
 
 /* sums[j] = sum over rows of m[r, j] (row order, in REAL) for j in
- * [j0, j0 + count), m rows x width contiguous; nothing for sums NULL. */
+ * [j0, j0 + count), m in any layout; nothing for sums NULL. */
 #define COLUMN_SUMS_SPAN 64
-static void FN(column_sums_slice)(const STORE *m, int64_t rows, int64_t width, int64_t j0,
-                                  int64_t count, STORE *sums) {
+static void FN(column_sums_slice)(fmlp_input m, int64_t rows, int64_t j0, int64_t count,
+                                  STORE *sums) {
   if (sums == NULL) return;
+  const int64_t cs = m.col_stride;
   for (int64_t s0 = j0; s0 < j0 + count; s0 += COLUMN_SUMS_SPAN) {
     const int64_t span = j0 + count - s0 < COLUMN_SUMS_SPAN ? j0 + count - s0 : COLUMN_SUMS_SPAN;
     REAL acc[COLUMN_SUMS_SPAN] = {0};
     for (int64_t r = 0; r < rows; ++r) {
-      const STORE *row = m + r * width + s0;
-      for (int64_t j = 0; j < span; ++j) acc[j] += to_real(row[j]);
+      const STORE *row = (const STORE *)m.data + r * m.row_stride + s0 * cs;
+      if (cs == 1) { /* the kernels' own matrices: a loop the compiler vectorizes */
+        for (int64_t j = 0; j < span; ++j) acc[j] += to_real(row[j]);
+      } else {
+        for (int64_t j = 0; j < span; ++j) acc[j] += to_real(row[j * cs]);
+      }
     }
     for (int64_t j = 0; j < span; ++j) sums[s0 + j] = to_store(acc[j]);
   }
+}
+
+typedef struct {
+  int64_t rows, cols;
+  fmlp_input m;
+  STORE *sums;
+} FN(column_sums_job);
+
+static void FN(column_sums_task)(void *context, int64_t begin, int64_t end) {
+  const FN(column_sums_job) *job = context;
+  const int64_t j0 = begin * COLUMN_SUMS_SPAN;
+  const int64_t j1 = end * COLUMN_SUMS_SPAN < job->cols ? end * COLUMN_SUMS_SPAN : job->cols;
+  FN(column_sums_slice)(job->m, job->rows, j0, j1 - j0, job->sums);
+}
+
+/* The host GEMM path's bias gradients, split by column spans over the threads. */
+fmlp_status FN(fmlp_cpu_column_sums)(int64_t rows, int64_t cols, fmlp_input m, void *sums,
+                                     const fmlp_threading *threading) {
+  const FN(column_sums_job) job = {rows, cols, m, sums};
+  FN(run_tasks)(FN(threading_for)(threading, rows * cols, PARALLEL_MIN_ELEMENTS),
+                (cols + COLUMN_SUMS_SPAN - 1) / COLUMN_SUMS_SPAN, (void *)&job,
+                FN(column_sums_task));
+  return FMLP_OK;
 }
 
 /* A column-split chain backward: grad_pre[l] is where layer l's grad *
@@ -781,7 +809,7 @@ static void FN(finish_grad_pre_columns)(const FN(columns_backward) *bw, int64_t 
                                pre + r * width + j0, count, activation);
     }
   }
-  FN(column_sums_slice)(grad_pre, rows, width, j0, count,
+  FN(column_sums_slice)((fmlp_input){grad_pre, width, 1}, rows, j0, count,
                         a->grad_biases != NULL ? a->grad_biases[l] : NULL);
 }
 
@@ -966,7 +994,7 @@ static void FN(rows_then_weights_part)(const void *block, int64_t stage, int64_t
       const STORE *grad_pre = FN(layer_grad_pre)(bw, l);
       FN(even_split)(width, GEMM_MR, n_tasks, task, &first, &count);
       if (count == 0) continue;
-      FN(column_sums_slice)(grad_pre, rows, width, first, count,
+      FN(column_sums_slice)((fmlp_input){grad_pre, width, 1}, rows, first, count,
                             a->grad_biases != NULL ? a->grad_biases[l] : NULL);
       if (a->grad_weights[l] == NULL) continue;
       const fmlp_input input = l == 0 ? a->x : (fmlp_input){a->saved_hidden[l - 1], k, 1};
@@ -1069,7 +1097,7 @@ static void FN(gated_down_columns)(const FN(columns_gated_backward) *bw,
   const int64_t at = bw->weight_block_at, unit = FN(column_unit)(at);
   int64_t j0, count;
   FN(even_split)(out, unit, n_tasks, task, &j0, &count);
-  FN(column_sums_slice)(a->grad_y.data, rows, out, j0, count, a->grad_bias_down);
+  FN(column_sums_slice)(a->grad_y, rows, j0, count, a->grad_bias_down);
   FN(even_split)(h, unit, n_tasks, task, &j0, &count);
   if (count == 0) return;
   const fmlp_input grad_y = a->grad_y;
@@ -1086,8 +1114,8 @@ static void FN(gated_down_columns)(const FN(columns_gated_backward) *bw,
     FN(gated_grads_span)(bw->grad_gate + i, gate + i, up + i, count, a->activation,
                          bw->grad_gate + i, bw->grad_up + i);
   }
-  FN(column_sums_slice)(bw->grad_gate, rows, h, j0, count, a->grad_bias_gate);
-  FN(column_sums_slice)(bw->grad_up, rows, h, j0, count, a->grad_bias_up);
+  FN(column_sums_slice)((fmlp_input){bw->grad_gate, h, 1}, rows, j0, count, a->grad_bias_gate);
+  FN(column_sums_slice)((fmlp_input){bw->grad_up, h, 1}, rows, j0, count, a->grad_bias_up);
 }
 
 /* Step 1 (gate) or 2 (up): columns [j0, j0 + count) of dim. */
@@ -1220,7 +1248,7 @@ static void FN(gated_rows_then_weights_part)(const void *block, int64_t stage, i
   int64_t first, count;
   if (stage == 1) {
     FN(even_split)(out, GEMM_MR, n_tasks, task, &first, &count);
-    FN(column_sums_slice)(a->grad_y.data, rows, out, first, count, a->grad_bias_down);
+    FN(column_sums_slice)(a->grad_y, rows, first, count, a->grad_bias_down);
     if (a->grad_w_down != NULL && count > 0) {
       FN(rows_product)(FN(transposed)(a->grad_y), first, count,
                        FN(transposed)((fmlp_input){a->saved_product, h, 1}), h, rows,
@@ -1228,8 +1256,8 @@ static void FN(gated_rows_then_weights_part)(const void *block, int64_t stage, i
     }
     FN(even_split)(h, GEMM_MR, n_tasks, task, &first, &count);
     if (count == 0) return;
-    FN(column_sums_slice)(bw->grad_gate, rows, h, first, count, a->grad_bias_gate);
-    FN(column_sums_slice)(bw->grad_up, rows, h, first, count, a->grad_bias_up);
+    FN(column_sums_slice)((fmlp_input){bw->grad_gate, h, 1}, rows, first, count, a->grad_bias_gate);
+    FN(column_sums_slice)((fmlp_input){bw->grad_up, h, 1}, rows, first, count, a->grad_bias_up);
     if (a->grad_w_gate != NULL) {
       FN(rows_product)((fmlp_input){bw->grad_gate, 1, h}, first, count, FN(transposed)(a->x),
                        dim, rows, a->grad_w_gate, task_pack, wb);

@@ -251,6 +251,15 @@ Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width
   return Tensor(handle);
 }
 
+Tensor transposed(const Tensor &t) {
+  const std::array<int64_t, 2> sizes = {t.size(1), t.size(0)},
+                               strides = {t.stride(1), t.stride(0)};
+  AtenTensorHandle handle = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(), 2, sizes.data(), strides.data(),
+                                                        0, &handle));
+  return Tensor(handle);
+}
+
 Tensor as_rows(const Tensor &x) {
   // Already rows: each stable op is a by-name dispatcher call, which the ops'
   // hot path need not pay for nothing.

@@ -119,6 +119,11 @@ Tensor empty(IntList shape, const Tensor &like);
 // without being its autograd view: for the kernels' own use, never returned.
 Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width);
 
+// The 2-D t transposed, by the same shim call (its offset is added to t's
+// storage offset, so any view of any storage works): for the kernels' own use,
+// never returned, like rows_at.
+Tensor transposed(const Tensor &t);
+
 // The output shape (*, out_features) for an input of shape (*, in_features). A
 // backend allocates the op's output in this shape and writes it through a
 // (rows, out_features) view, so that the output itself is no view (FSDP2 hooks

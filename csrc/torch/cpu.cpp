@@ -87,55 +87,69 @@ void call_out_op(const char *name, std::array<StableIValue, N> stack) {
 }
 
 // The host-GEMM path (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST, on CPUs where no
-// kernel level was measured to beat eager): out = x @ w.T (+ b) by ATen's GEMM,
-// through the dispatcher's aten::linear.out, which runs addmm.out with a bias and
-// mm.out without one. The stable ABI can call it (it cannot call addmm: its Scalar
-// arguments have no stable conversion). out is contiguous, for the C epilogue
-// pass that follows in the same op.
-void host_gemm(const Tensor &out, const Tensor &x, const Tensor &w, const OptionalTensor &b) {
-  using torch::stable::detail::from;
-  call_out_op<4>("aten::linear", {from(x), from(w), from(b), from(out)});
-}
-
-// out = a @ b by ATen's GEMM (aten::mm.out): the host-GEMM path's backward products.
+// kernel level was measured to beat eager): out = a @ b by ATen's GEMM
+// (aten::mm.out), our passes around it.
 void host_mm(const Tensor &out, const Tensor &a, const Tensor &b) {
   using torch::stable::detail::from;
   call_out_op<3>("aten::mm", {from(a), from(b), from(out)});
 }
 
+// Whether a bias goes into ATen's GEMM (aten::linear.out, whose addmm sums it with the
+// product before rounding) rather than into our pass after it: for a dtype narrower
+// than the sums (bfloat16), where the rounded product plus the bias would lose the low
+// bits of every sum near zero (ReLU's sign, the activations' slope). Elsewhere our pass
+// takes it, which saves linear's calls below the dispatcher and addmm's copy of the bias.
+bool bias_in_gemm(const Tensor &out) { return out.scalar_type() == ScalarType::BFloat16; }
+
+// out = x @ w.T by ATen's GEMM, out contiguous for the pass that follows, which
+// adds the bias returned (nullptr: none, or ATen's GEMM summed it in).
+const void *host_gemm(const Tensor &out, const Tensor &x, const Tensor &w,
+                      const OptionalTensor &b) {
+  using torch::stable::detail::from;
+  if (b.has_value() && bias_in_gemm(out)) {
+    call_out_op<4>("aten::linear", {from(x), from(w), from(b), from(out)});
+    return nullptr;
+  }
+  host_mm(out, x, transposed(w));
+  return optional_data(b);
+}
+
 // One layer on the host-GEMM path: out = act(x @ w.T + b); the GEMM writes into
-// pre (the saved pre-activation) when it is defined, else into out, and our
-// epilogue pass activates from there into out.
+// pre (the saved pre-activation, bias included) when it is defined, else into
+// out, and our pass (adding the bias where the GEMM did not) activates from
+// there into out.
 void host_gemm_layer(const char *op, const Tensor &x, const Tensor &w,
                      const OptionalTensor &b, fmlp_activation activation, const OptionalTensor &pre,
                      const Tensor &out, const fmlp_threading &threading) {
   const Tensor &product = pre.has_value() ? *pre : out;
-  host_gemm(product, x, w, b);
-  check_status(fmlp_cpu_activation_forward(kernel_dtype(out.scalar_type()), out.numel(),
-                                           product.data_ptr(), activation, out.data_ptr(),
-                                           &threading),
+  const void *bias = host_gemm(product, x, w, b);
+  check_status(fmlp_cpu_activation_forward(kernel_dtype(out.scalar_type()), out.size(0),
+                                           out.size(1), product.data_ptr(), bias,
+                                           activation, out.data_ptr(), &threading),
                op);
 }
 
 // The gated block on the host-GEMM path: gate and up by ATen's GEMM into
-// block[0] and block[1], our pass block[2] = act(gate) * up (block[2] may be
-// block[0]), then y = down(block[2]); under a profiler labelled in the two stages
-// our kernels' path shows.
+// block[0] and block[1], our pass (adding their biases where the GEMM did not)
+// forming block[2] = act(gate) * up (block[2] may be block[0]), then
+// y = down(block[2]);
+// under a profiler labelled in the two stages our kernels' path shows.
 void host_gemm_gated(const char *op, const Tensor &x, const std::array<Tensor, 3> &w,
                      const std::array<OptionalTensor, 3> &b, fmlp_activation activation,
                      const std::array<Tensor, 3> &block, const Tensor &y,
                      const fmlp_threading &threading) {
   {
     const ProfilerLabel label([&] { return std::string(op) + ".gate_up"; });
-    host_gemm(block[0], x, w[0], b[0]);
-    host_gemm(block[1], x, w[1], b[1]);
-    check_status(fmlp_cpu_gated_product(kernel_dtype(y.scalar_type()), block[2].numel(),
-                                        block[0].data_ptr(), block[1].data_ptr(), activation,
+    const void *gate_bias = host_gemm(block[0], x, w[0], b[0]);
+    const void *up_bias = host_gemm(block[1], x, w[1], b[1]);
+    check_status(fmlp_cpu_gated_product(kernel_dtype(y.scalar_type()), block[2].size(0),
+                                        block[2].size(1), block[0].data_ptr(), gate_bias,
+                                        block[1].data_ptr(), up_bias, activation,
                                         block[2].data_ptr(), &threading),
                  op);
   }
   const ProfilerLabel label([&] { return std::string(op) + ".down"; });
-  host_gemm(y, block[2], w[2], b[2]);
+  host_gemm_layer(op, block[2], w[2], b[2], FMLP_ACT_NONE, std::nullopt, y, threading);
 }
 
 // The weights of an inference call packed once, from the cache (weight_cache.h),
@@ -389,7 +403,7 @@ BackwardInputs backward_inputs(const Tensor &x, const Tensor &grad_y, const Tens
 
 // A chain's backward on the host-GEMM path, as eager's runs it: from the last layer
 // on, its activation's derivative by our pointwise pass, then dW = grad^T h and
-// dX = grad W by ATen's GEMM, the bias gradient as ATen's column sum. One op call,
+// dX = grad W by ATen's GEMM, the bias gradient by our column sums. One op call,
 // so a small training step does not pay Python for each of these calls.
 void host_chain_backward(const Tensor &options, const Tensor &x_rows, TensorList weights,
                          const Tensor &saved, const OptionalTensor &y_rows,
@@ -401,6 +415,7 @@ void host_chain_backward(const Tensor &options, const Tensor &x_rows, TensorList
   const auto saved_rows = [&](int64_t offset, int64_t width) {
     return rows_at(saved, offset, rows, width);
   };
+  const fmlp_threading threading = aten_threading();
   Tensor grad = grad_y_rows;
   for (int64_t l = n_layers - 1; l >= 0; --l) {
     const fmlp_activation act = l == n_layers - 1 ? final_act : hidden;
@@ -413,10 +428,11 @@ void host_chain_backward(const Tensor &options, const Tensor &x_rows, TensorList
           as_contiguous(grad), offset >= 0 ? saved_rows(offset, widths[l + 1]) : *y_rows, act);
     }
     const Tensor input = l == 0 ? x_rows : saved_rows(layout.hidden_offset[l - 1], widths[l]);
-    host_mm(grad_w[l], torch::stable::transpose(grad, 0, 1), input);
+    host_mm(grad_w[l], transposed(grad), input);
     if (!grad_b.empty()) {
-      Tensor grad_bias = grad_b[l];
-      torch::stable::sum_out(grad_bias, grad, std::vector<int64_t>{0});
+      check_status(fmlp_cpu_column_sums(kernel_dtype(grad.scalar_type()), rows, grad.size(1),
+                                        input_of(grad), grad_b[l].data_ptr(), &threading),
+                   "fusedmlp.chain_backward");
     }
     if (l == 0 && !grad_x_rows.has_value()) break;
     const Tensor below = l == 0 ? *grad_x_rows : empty({rows, widths[l]}, options);

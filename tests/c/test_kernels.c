@@ -286,45 +286,92 @@ static void test_activation_backward(tally *t, fmlp_dtype dtype, fmlp_activation
   if (t->failed == before) t->passed++;
 }
 
-/* The epilogue passes that follow a host GEMM, against the reference: act(pre) out of
- * place and in place, and act(gate) * up out of place and over gate, over several chunks
- * with a ragged end. */
+/* A copy of n values of dtype (caller frees). */
+static void *copy_of(fmlp_dtype dtype, const void *data, int64_t n) {
+  void *copy = malloc((size_t)n * elem_size(dtype));
+  memcpy(copy, data, (size_t)n * elem_size(dtype));
+  return copy;
+}
+
+/* The passes around a host GEMM, against the reference, over rows whose ends fall inside
+ * the passes' chunks and a ragged last chunk: pre + bias kept and act(pre + bias) out of
+ * place, act(pre + bias) in place, act(pre) leaving pre as it was; gate and up given their
+ * biases and act(gate) * up out of place, then over gate. */
 static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act) {
-  enum { n = 3 * 16384 + 5 };
-  const size_t elem = elem_size(dtype);
-  fmlp_input pre, up;
-  void *pre_data = make_matrix(dtype, 1, n, 0, 50, &pre);
-  void *up_data = make_matrix(dtype, 1, n, 0, 51, &up);
-  void *out = malloc(n * elem), *in_place = malloc(n * elem), *product = malloc(n * elem);
-  void *over_gate = malloc(n * elem);
-  memcpy(in_place, pre_data, n * elem);
-  memcpy(over_gate, pre_data, n * elem);
+  enum { rows = 3, cols = 16384 + 7, n = rows * cols };
+  fmlp_input unused;
+  void *pre_data = make_matrix(dtype, rows, cols, 0, 50, &unused);
+  void *up_data = make_matrix(dtype, rows, cols, 0, 51, &unused);
+  void *bias = make_matrix(dtype, 1, cols, 0, 52, &unused);
+  void *bias_up = make_matrix(dtype, 1, cols, 0, 53, &unused);
+  void *kept = copy_of(dtype, pre_data, n), *in_place = copy_of(dtype, pre_data, n);
+  void *unbiased = copy_of(dtype, pre_data, n), *gate = copy_of(dtype, pre_data, n);
+  void *up = copy_of(dtype, up_data, n), *over_gate = copy_of(dtype, pre_data, n);
+  void *out = malloc(n * elem_size(dtype)), *plain = malloc(n * elem_size(dtype));
+  void *product = malloc(n * elem_size(dtype));
   const fmlp_threading serial = {NULL, NULL, 1};
   const int before = t->failed;
-  if (fmlp_cpu_activation_forward(dtype, n, pre_data, act, out, &serial) != FMLP_OK ||
-      fmlp_cpu_activation_forward(dtype, n, in_place, act, in_place, &serial) != FMLP_OK ||
-      fmlp_cpu_gated_product(dtype, n, pre_data, up_data, act, product, &serial) != FMLP_OK ||
-      fmlp_cpu_gated_product(dtype, n, over_gate, up_data, act, over_gate, &serial) != FMLP_OK) {
+  if (fmlp_cpu_activation_forward(dtype, rows, cols, kept, bias, act, out, &serial) != FMLP_OK ||
+      fmlp_cpu_activation_forward(dtype, rows, cols, in_place, bias, act, in_place, &serial) !=
+          FMLP_OK ||
+      fmlp_cpu_activation_forward(dtype, rows, cols, unbiased, NULL, act, plain, &serial) !=
+          FMLP_OK ||
+      fmlp_cpu_gated_product(dtype, rows, cols, gate, bias, up, bias_up, act, product,
+                             &serial) != FMLP_OK ||
+      fmlp_cpu_gated_product(dtype, rows, cols, over_gate, bias, up_data, NULL, act, over_gate,
+                             &serial) != FMLP_OK) {
     t->failed++;
   }
   /* one rounding of each stored value: bfloat16's is 2^-9 relative */
   const double tol = dtype == FMLP_F64 ? 1e-12 : dtype == FMLP_BF16 ? 4e-3 : 1e-6;
   for (int64_t i = 0; i < n && t->failed == before; ++i) {
-    const double want = reference_activation(element(dtype, pre_data, i), act);
+    const double z = element(dtype, pre_data, i), b = element(dtype, bias, i % cols);
+    const double u = element(dtype, up_data, i), b_up = element(dtype, bias_up, i % cols);
+    const double want = reference_activation(z + b, act);
+    check_close(t, "biased pre kept", element(dtype, kept, i), z + b, tol);
     check_close(t, "activation forward", element(dtype, out, i), want, tol);
     check_close(t, "activation forward in place", element(dtype, in_place, i), want, tol);
-    check_close(t, "gated product", element(dtype, product, i),
-                want * element(dtype, up_data, i), tol);
-    check_close(t, "gated product over gate", element(dtype, over_gate, i),
-                want * element(dtype, up_data, i), tol);
+    check_close(t, "activation forward, no bias", element(dtype, plain, i),
+                reference_activation(z, act), tol);
+    check_close(t, "no bias: pre as it was", element(dtype, unbiased, i), z, 0);
+    check_close(t, "biased gate kept", element(dtype, gate, i), z + b, tol);
+    check_close(t, "biased up kept", element(dtype, up, i), u + b_up, tol);
+    check_close(t, "gated product", element(dtype, product, i), want * (u + b_up), tol);
+    check_close(t, "gated product over gate", element(dtype, over_gate, i), want * u, tol);
   }
   if (t->failed == before) t->passed++;
-  free(pre_data);
-  free(up_data);
-  free(out);
-  free(in_place);
-  free(product);
-  free(over_gate);
+  void *buffers[] = {pre_data, up_data, bias, bias_up, kept, in_place, unbiased, gate,
+                     up, over_gate, out, plain, product};
+  for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) free(buffers[i]);
+}
+
+/* The bias gradients' column sums over a matrix in each layout and expanded from one
+ * value (strides 0), against sums in double. */
+static void test_column_sums(tally *t, fmlp_dtype dtype) {
+  enum { rows = 37, cols = 131 };
+  const fmlp_threading serial = {NULL, NULL, 1};
+  const double tol = dtype == FMLP_F64 ? 1e-12 : dtype == FMLP_BF16 ? 1e-2 : 1e-5;
+  const int before = t->failed;
+  for (int layout = 0; layout < 3; ++layout) {
+    fmlp_input m;
+    void *data = make_matrix(dtype, rows, cols, layout == 1, 60, &m);
+    if (layout == 2) m.row_stride = m.col_stride = 0;
+    void *sums = malloc(cols * elem_size(dtype));
+    if (fmlp_cpu_column_sums(dtype, rows, cols, m, sums, &serial) != FMLP_OK) {
+      t->failed++;
+      free(sums), free(data);
+      continue;
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      double want = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        want += element(dtype, data, i * m.row_stride + j * m.col_stride);
+      }
+      check_close(t, "column sums", element(dtype, sums, j), want, tol);
+    }
+    free(sums), free(data);
+  }
+  if (t->failed == before) t->passed++;
 }
 
 /* Where GEMMs run: by default our kernels only for a dtype whose unit is at a level measured
@@ -796,6 +843,7 @@ int main(int argc, char **argv) {
       test_epilogue_passes(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
     }
     test_linear(&t, (fmlp_dtype)dtype, 0, 5, 7, FMLP_ACT_RELU, 1, 0, &serial);
+    test_column_sums(&t, (fmlp_dtype)dtype);
     const int64_t narrow_widths[4] = {19, 37, 5, 23};
     test_chain_matches_layers(&t, (fmlp_dtype)dtype, 300, narrow_widths, &chunked);
     /* few rows past 2^19 multiply-adds: layers as column-split stages, hidden outputs

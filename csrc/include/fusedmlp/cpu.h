@@ -226,15 +226,24 @@ fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *gra
                                     void *grad_gate, void *grad_up,
                                     const fmlp_threading *threading);
 
-/* The epilogue passes that follow a host GEMM (FMLP_GEMM_HOST), elementwise
- * over n contiguous values: out = act(pre) (out may be pre), and
- * product = act(gate) * up (product may be gate or up, else overlaps neither). */
-fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t n, const void *pre,
-                                        fmlp_activation activation, void *out,
+/* The passes around a host GEMM (FMLP_GEMM_HOST), over a rows x cols product
+ * with contiguous rows, a bias (cols values; NULL: none) added to each of its
+ * rows in place first: pre += bias, then out = act(pre) (out may be pre); and
+ * gate += bias_gate, up += bias_up, then product = act(gate) * up (product may
+ * be gate or up, else overlaps neither; the one it overwrites gets no bias
+ * stored). Each value is formed at the kernels' precision (float; double for
+ * float64) and rounded once. */
+fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t rows, int64_t cols, void *pre,
+                                        const void *bias, fmlp_activation activation, void *out,
                                         const fmlp_threading *threading);
-fmlp_status fmlp_cpu_gated_product(fmlp_dtype dtype, int64_t n, const void *gate,
-                                   const void *up, fmlp_activation activation, void *product,
+fmlp_status fmlp_cpu_gated_product(fmlp_dtype dtype, int64_t rows, int64_t cols, void *gate,
+                                   const void *bias_gate, void *up, const void *bias_up,
+                                   fmlp_activation activation, void *product,
                                    const fmlp_threading *threading);
+/* ... and the bias gradients: sums[j] = the sum of column j of m (rows x cols,
+ * any strides, 0 included), summed at that precision. */
+fmlp_status fmlp_cpu_column_sums(fmlp_dtype dtype, int64_t rows, int64_t cols, fmlp_input m,
+                                 void *sums, const fmlp_threading *threading);
 
 #ifdef __cplusplus
 }
