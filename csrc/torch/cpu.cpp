@@ -94,11 +94,13 @@ void host_mm(const Tensor &out, const Tensor &a, const Tensor &b) {
   call_out_op<3>("aten::mm", {from(a), from(b), from(out)});
 }
 
-// Whether a bias goes into ATen's GEMM (aten::linear.out, whose addmm sums it with the
-// product before rounding) rather than into our pass after it: for a dtype narrower
-// than the sums (bfloat16), where the rounded product plus the bias would lose the low
-// bits of every sum near zero (ReLU's sign, the activations' slope). Elsewhere our pass
-// takes it, which saves linear's calls below the dispatcher and addmm's copy of the bias.
+// Whether a bias goes into ATen's GEMM (aten::linear.out, whose addmm sums it with
+// the product before rounding; the stable ABI cannot call addmm itself, its Scalar
+// arguments having no stable conversion) rather than into our pass after it: for a
+// dtype narrower than the sums (bfloat16), where the rounded product plus the bias
+// would lose the low bits of every sum near zero (ReLU's sign, the activations'
+// slope). Elsewhere our pass takes it, which saves linear's calls below the
+// dispatcher and addmm's copy of the bias.
 bool bias_in_gemm(const Tensor &out) { return out.scalar_type() == ScalarType::BFloat16; }
 
 // out = x @ w.T by ATen's GEMM, out contiguous for the pass that follows, which
