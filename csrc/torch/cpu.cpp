@@ -134,8 +134,8 @@ void host_gemm_layer(const char *op, const Tensor &x, const Tensor &w,
 // The gated block on the host-GEMM path: gate and up by ATen's GEMM into
 // block[0] and block[1], our pass (adding their biases where the GEMM did not)
 // forming block[2] = act(gate) * up (block[2] may be block[0]), then
-// y = down(block[2]);
-// under a profiler labelled in the two stages our kernels' path shows.
+// y = down(block[2]); under a profiler labelled in the two stages our kernels'
+// path shows.
 void host_gemm_gated(const char *op, const Tensor &x, const std::array<Tensor, 3> &w,
                      const std::array<OptionalTensor, 3> &b, fmlp_activation activation,
                      const std::array<Tensor, 3> &block, const Tensor &y,

@@ -293,12 +293,14 @@ static void *copy_of(fmlp_dtype dtype, const void *data, int64_t n) {
   return copy;
 }
 
-/* The passes around a host GEMM, against the reference, over rows whose ends fall inside
- * the passes' chunks and a ragged last chunk: pre + bias kept and act(pre + bias) out of
- * place, act(pre + bias) in place, act(pre) leaving pre as it was; gate and up given their
- * biases and act(gate) * up out of place, then over gate. */
-static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act) {
-  enum { rows = 3, cols = 16384 + 7, n = rows * cols };
+/* The passes around a host GEMM, against the reference, split into tasks (past the
+ * passes' parallel threshold) whose chunks end inside rows, with a ragged last chunk:
+ * pre + bias kept and act(pre + bias) out of place, act(pre + bias) in place, act(pre)
+ * leaving pre as it was; gate and up given their biases and act(gate) * up out of place,
+ * then over gate. */
+static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act,
+                                 const fmlp_threading *threading) {
+  enum { rows = 3, cols = 87383, n = rows * cols };
   fmlp_input unused;
   void *pre_data = make_matrix(dtype, rows, cols, 0, 50, &unused);
   void *up_data = make_matrix(dtype, rows, cols, 0, 51, &unused);
@@ -309,17 +311,17 @@ static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act
   void *up = copy_of(dtype, up_data, n), *over_gate = copy_of(dtype, pre_data, n);
   void *out = malloc(n * elem_size(dtype)), *plain = malloc(n * elem_size(dtype));
   void *product = malloc(n * elem_size(dtype));
-  const fmlp_threading serial = {NULL, NULL, 1};
   const int before = t->failed;
-  if (fmlp_cpu_activation_forward(dtype, rows, cols, kept, bias, act, out, &serial) != FMLP_OK ||
-      fmlp_cpu_activation_forward(dtype, rows, cols, in_place, bias, act, in_place, &serial) !=
+  if (fmlp_cpu_activation_forward(dtype, rows, cols, kept, bias, act, out, threading) !=
           FMLP_OK ||
-      fmlp_cpu_activation_forward(dtype, rows, cols, unbiased, NULL, act, plain, &serial) !=
+      fmlp_cpu_activation_forward(dtype, rows, cols, in_place, bias, act, in_place, threading) !=
+          FMLP_OK ||
+      fmlp_cpu_activation_forward(dtype, rows, cols, unbiased, NULL, act, plain, threading) !=
           FMLP_OK ||
       fmlp_cpu_gated_product(dtype, rows, cols, gate, bias, up, bias_up, act, product,
-                             &serial) != FMLP_OK ||
+                             threading) != FMLP_OK ||
       fmlp_cpu_gated_product(dtype, rows, cols, over_gate, bias, up_data, NULL, act, over_gate,
-                             &serial) != FMLP_OK) {
+                             threading) != FMLP_OK) {
     t->failed++;
   }
   /* one rounding of each stored value: bfloat16's is 2^-9 relative */
@@ -346,10 +348,10 @@ static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act
 }
 
 /* The bias gradients' column sums over a matrix in each layout and expanded from one
- * value (strides 0), against sums in double. */
-static void test_column_sums(tally *t, fmlp_dtype dtype) {
-  enum { rows = 37, cols = 131 };
-  const fmlp_threading serial = {NULL, NULL, 1};
+ * value (strides 0), split into tasks (past the parallel threshold) with a ragged last
+ * column span, against sums in double. */
+static void test_column_sums(tally *t, fmlp_dtype dtype, const fmlp_threading *threading) {
+  enum { rows = 37, cols = 7100 };
   const double tol = dtype == FMLP_F64 ? 1e-12 : dtype == FMLP_BF16 ? 1e-2 : 1e-5;
   const int before = t->failed;
   for (int layout = 0; layout < 3; ++layout) {
@@ -357,7 +359,7 @@ static void test_column_sums(tally *t, fmlp_dtype dtype) {
     void *data = make_matrix(dtype, rows, cols, layout == 1, 60, &m);
     if (layout == 2) m.row_stride = m.col_stride = 0;
     void *sums = malloc(cols * elem_size(dtype));
-    if (fmlp_cpu_column_sums(dtype, rows, cols, m, sums, &serial) != FMLP_OK) {
+    if (fmlp_cpu_column_sums(dtype, rows, cols, m, sums, threading) != FMLP_OK) {
       t->failed++;
       free(sums), free(data);
       continue;
@@ -840,10 +842,10 @@ int main(int argc, char **argv) {
        * that ends inside a gated tile part */
       test_gated(&t, (fmlp_dtype)dtype, 70, 1100, 37, (fmlp_activation)act, &serial);
       test_activation_backward(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
-      test_epilogue_passes(&t, (fmlp_dtype)dtype, (fmlp_activation)act);
+      test_epilogue_passes(&t, (fmlp_dtype)dtype, (fmlp_activation)act, &chunked);
     }
     test_linear(&t, (fmlp_dtype)dtype, 0, 5, 7, FMLP_ACT_RELU, 1, 0, &serial);
-    test_column_sums(&t, (fmlp_dtype)dtype);
+    test_column_sums(&t, (fmlp_dtype)dtype, &chunked);
     const int64_t narrow_widths[4] = {19, 37, 5, 23};
     test_chain_matches_layers(&t, (fmlp_dtype)dtype, 300, narrow_widths, &chunked);
     /* few rows past 2^19 multiply-adds: layers as column-split stages, hidden outputs
