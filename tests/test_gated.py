@@ -78,13 +78,14 @@ def test_row_blocks_past_the_l2_on_one_thread(isa, dtype, restore_num_threads, g
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_inference_past_one_k_block(isa, dtype, generator):
-    """Inference with dim past the gated micro-kernel's one K block (1024 at most; the
-    float units then keep gate's and up's partial sums in the block's scratch, the bfloat16
-    ones run K whole and their scratch is the product alone): one row block split by columns
-    (150 rows) and row blocks (2000), every instruction set."""
-    weights, biases = random_params(1500, 96, dtype, "cpu", True, generator)
+    """Inference with dim past the gated micro-kernel's one K block (2048 at most, AVX2's
+    6-row panel in a 48 KiB L1; the float units then keep gate's and up's partial sums in
+    the block's scratch, the bfloat16 ones run K whole and their scratch is the product
+    alone): one row block split by columns (150 rows) and row blocks (2000), every
+    instruction set."""
+    weights, biases = random_params(2100, 96, dtype, "cpu", True, generator)
     for rows in (150, 2000):
-        x = torch.randn(rows, 1500, generator=generator).to(dtype)
+        x = torch.randn(rows, 2100, generator=generator).to(dtype)
         y = call_fused(x, weights, biases, "silu")
         assert_matches_reference(y, reference_gated(x, weights, biases, "silu"))
 

@@ -91,7 +91,7 @@ def test_unknown_isa_falls_back_to_the_best(monkeypatch):
 
 @pytest.mark.parametrize("rows,dim", [(70, 1030), (13, 2100), (100, 37)])
 def test_gated_across_k_blocks_and_saved(isa, rows, dim, generator):
-    """The gated kernel keeps gate and up partial sums between K blocks (K > 1024) and
+    """The gated kernel keeps gate and up partial sums between K blocks (K > 2048) and
     saves them for backward: values and gradients match PyTorch."""
     x = sample(rows, dim, generator=generator).requires_grad_()
     w_gate, w_up = (sample(40, dim, generator=generator, scale=dim**-0.5) for _ in range(2))

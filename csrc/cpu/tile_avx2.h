@@ -54,10 +54,15 @@
 #define GEMM_INPUT_L2_SHARE 2
 #define GEMM_AHEAD_WEIGHT_L2_SHARE 4
 #endif
-/* gate and up run K in one block up to GEMM_KC (the 6-row input panel in
- * half the L1, GATED_ONE_BLOCK_L1_SHARE's default: 1024 in 48 KiB); whole K
- * past it, 1536 and 2048 with the panel in the whole L1, took 1.02-1.03x the
- * time of two blocks (measured as in tile_avx512.h). */
+/* gate and up run K in one block while the 6-row input micro-panel fits the
+ * whole L1 (K up to 1365 in 32 KiB, 2048 in 48 KiB), as in tile_avx512.h. On
+ * Zen 3 (32 KiB) the GeGLU block at 256, 1024 and 4096 tokens, dim 768
+ * (whole K against two blocks of 384), took 0.93-0.95x the time; at dim
+ * 1024 and 1280 (two of 512, 640) 0.94-0.97x (scripts/simd_ab.py gated,
+ * one thread, 9 rounds). On Zen 4 (48 KiB, AVX2 forced) whole K at 1536 and
+ * 2048 had taken 1.02-1.03x the time of two blocks, measured as in
+ * tile_avx512.h; AVX2-only CPUs are where this unit runs by default. */
+#define GATED_ONE_BLOCK_L1_SHARE 1
 /* Where the AVX2 kernels lose to the FMA peak (Sapphire Rapids-class Xeon,
  * scripts/simd_efficiency.py avx2: one thread's CPU time against the peak timed
  * before each run, machine loaded by other builds, so +-15% run to run):
