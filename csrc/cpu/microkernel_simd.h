@@ -111,14 +111,29 @@ static void FN(pack_transposed_block)(const STORE *src, int64_t src_stride, int6
  * views the many-row backward multiplies), which are K-major already: each K
  * step's count values are copied and zero-padded a vector at a time. A
  * memcpy call per K step of 12 or 32 values was 11% of a 256 x 512^3 chain
- * backward's samples (perf, one thread), its packing 7% once inline. */
+ * backward's samples (perf, one thread), its packing 7% once inline.
+ * In a panel without padding, a vector that reaches past the K step's
+ * values but not past the panel's end (every K step's but the last) is
+ * loaded and stored whole: its extra lanes read the source's next values,
+ * which lie before the next K step's (cs >= W), and land on the next K
+ * step's slots, which that step's own stores overwrite. Masked, every K
+ * step of a 6-row AVX2 input panel (a dW product's dY^T) took a masked load
+ * and a masked store, the store microcode on AMD's Zen 2 and 3: unmasked,
+ * the dW of the 256 x 512^3 chain backward (K = 256) ran in 0.95x the time,
+ * the whole backward 0.97x (Zen 3, scripts/simd_ab.py backward, one thread,
+ * 11 rounds). */
 static void FN(pack_adjacent_rows)(const STORE *src, int64_t cs, int64_t count, int64_t width,
                                    int64_t k, REAL *dst) {
+  const int spill = count == width && cs >= FMLP_SIMD_WIDTH;
   for (int64_t kk = 0; kk < k; ++kk) {
     const STORE *in = src + kk * cs;
     REAL *out = dst + kk * width;
     for (int64_t i = 0; i < width; i += FMLP_SIMD_WIDTH) {
       const int64_t inside = count - i, room = width - i;
+      if (spill && (kk + 1) * width + FMLP_SIMD_WIDTH - room <= k * width) {
+        v_store(out + i, vs_load(in + i));
+        continue;
+      }
       const vreal v = inside >= FMLP_SIMD_WIDTH ? vs_load(in + i)
                       : inside > 0              ? vs_load_first(in + i, inside)
                                                 : v_zero();
