@@ -70,8 +70,15 @@ static inline int64_t FN(weight_panel_at)(int64_t col, int64_t k, int64_t pc) {
  * on a busy one; below this many multiply-adds (~20 us on one core) the
  * calling thread does the work alone. */
 #define PARALLEL_MIN_MULTIPLY_ADDS ((int64_t)1 << 21)
-/* Elements a parallel weight pack or pointwise pass needs to be worth it. */
-#define PARALLEL_MIN_ELEMENTS ((int64_t)1 << 18)
+/* Elements a parallel weight pack or pointwise pass needs to be worth it. At
+ * 2^18 the host-GEMM path's pass over a 256 x 512 product ran on the calling
+ * thread alone: fusedmlp.linear 256 x 512 -> 512 with bias took 45-49 us
+ * (ReLU) and 271-281 us (GELU) more than its aten::mm, split over the two
+ * threads 40-45 and 155-157 us, and that path's 256 x 512^3 training
+ * forward went from 1.04-1.06x eager's time to 1.02x (FUSEDMLP_CPU_GEMM=aten,
+ * Zen 3, 2 threads, medians of 21 rounds, builds alternating; the kernels'
+ * training steps level). */
+#define PARALLEL_MIN_ELEMENTS ((int64_t)1 << 16)
 
 /* threading, or NULL (serial) when `work` is below `minimum`. */
 static const fmlp_threading *FN(threading_for)(const fmlp_threading *threading, int64_t work,
