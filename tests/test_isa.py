@@ -91,8 +91,9 @@ def test_unknown_isa_falls_back_to_the_best(monkeypatch):
 
 @pytest.mark.parametrize("rows,dim", [(70, 1030), (13, 2100), (100, 37)])
 def test_gated_across_k_blocks_and_saved(isa, rows, dim, generator):
-    """The gated kernel keeps gate and up partial sums between K blocks (K > 2048) and
-    saves them for backward: values and gradients match PyTorch."""
+    """The gated kernel keeps gate and up partial sums between K blocks (dim 1030 past
+    AVX-512's one block, 2100 past every unit's) and saves them for backward: values and
+    gradients match PyTorch."""
     x = sample(rows, dim, generator=generator).requires_grad_()
     w_gate, w_up = (sample(40, dim, generator=generator, scale=dim**-0.5) for _ in range(2))
     w_down = sample(24, 40, generator=generator, scale=40**-0.5)

@@ -116,9 +116,9 @@ static void FN(pack_transposed_block)(const STORE *src, int64_t src_stride, int6
  * values but not past the panel's end (every K step's but the last) is
  * loaded and stored whole: its extra lanes read the source's next values,
  * which lie before the next K step's (cs >= W), and land on the next K
- * step's slots, which that step's own stores overwrite. Masked, every K
- * step of a 6-row AVX2 input panel (a dW product's dY^T) took a masked load
- * and a masked store, the store microcode on AMD's Zen 2 and 3: unmasked,
+ * step's slots, which that step's own stores overwrite. A 6-row AVX2 input
+ * panel (a dW product's dY^T) otherwise takes a masked load and a masked
+ * store every K step, the store microcode on AMD's Zen 2 and 3: unmasked,
  * the dW of the 256 x 512^3 chain backward (K = 256) ran in 0.95x the time,
  * the whole backward 0.97x (Zen 3, scripts/simd_ab.py backward, one thread,
  * 11 rounds). */

@@ -59,9 +59,12 @@
  * Zen 3 (32 KiB) the GeGLU block at 256, 1024 and 4096 tokens, dim 768
  * (whole K against two blocks of 384), took 0.93-0.95x the time; at dim
  * 1024 and 1280 (two of 512, 640) 0.94-0.97x (scripts/simd_ab.py gated,
- * one thread, 9 rounds). On Zen 4 (48 KiB, AVX2 forced) whole K at 1536 and
- * 2048 had taken 1.02-1.03x the time of two blocks, measured as in
- * tile_avx512.h; AVX2-only CPUs are where this unit runs by default. */
+ * one thread, 9 rounds); in the bench (2 threads, builds alternating, 3
+ * runs each, medians and means) study_gated and gated_1024 took 0.94-0.95x
+ * and 0.89-0.91x the time, at 84-87% of the FMA peak where they had read
+ * 76-84%. On Zen 4 (48 KiB, AVX2 forced) whole K at 1536 and 2048 had taken
+ * 1.02-1.03x the time of two blocks, measured as in tile_avx512.h; AVX2-only
+ * CPUs are where this unit runs by default. */
 #define GATED_ONE_BLOCK_L1_SHARE 1
 /* Where the AVX2 kernels lose to the FMA peak (Sapphire Rapids-class Xeon,
  * scripts/simd_efficiency.py avx2: one thread's CPU time against the peak timed
