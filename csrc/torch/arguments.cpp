@@ -243,21 +243,25 @@ Tensor empty(IntList shape, const Tensor &like) {
   return Tensor(handle);
 }
 
-Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width) {
-  const std::array<int64_t, 2> sizes = {rows, width}, strides = {width, 1};
+namespace {
+
+// A 2-D view of t's storage, offset elements past t's own offset.
+Tensor reinterpreted(const Tensor &t, const std::array<int64_t, 2> &sizes,
+                     const std::array<int64_t, 2> &strides, int64_t offset) {
   AtenTensorHandle handle = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(buffer.get(), 2, sizes.data(),
-                                                        strides.data(), offset, &handle));
+  TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(), 2, sizes.data(), strides.data(),
+                                                        offset, &handle));
   return Tensor(handle);
 }
 
+}  // namespace
+
+Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width) {
+  return reinterpreted(buffer, {rows, width}, {width, 1}, offset);
+}
+
 Tensor transposed(const Tensor &t) {
-  const std::array<int64_t, 2> sizes = {t.size(1), t.size(0)},
-                               strides = {t.stride(1), t.stride(0)};
-  AtenTensorHandle handle = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(), 2, sizes.data(), strides.data(),
-                                                        0, &handle));
-  return Tensor(handle);
+  return reinterpreted(t, {t.size(1), t.size(0)}, {t.stride(1), t.stride(0)}, 0);
 }
 
 Tensor as_rows(const Tensor &x) {
