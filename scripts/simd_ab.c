@@ -19,7 +19,8 @@
  * see k_sweep_cases. The training benches' backwards on one thread:
  * `backward`, bench train_step's 256 x 512^3 and train_small's 16 x 256^3
  * ReLU chains without grad_x, and each one's dW and dX products alone;
- * `gated_backward`, train_gated's GeGLU block at 256 tokens. */
+ * `gated_backward`, train_gated's GeGLU block at 256 tokens; `forward`, the
+ * same two chains' training forwards. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdint.h>
 #include <stdio.h>
@@ -229,6 +230,34 @@ static void gated_cases(int rounds, const int64_t *tokens, size_t count) {
   }
 }
 
+/* A training bench's chain forward, `rows` x (width -> width -> width ->
+ * width) ReLU with biases, saving each hidden output as fusedmlp::mlp_train
+ * does (ReLU's derivative reads its output, so no pre-activation is kept). */
+static void chain_forward_case(int rounds, int64_t rows, int64_t width) {
+  const int64_t widths[4] = {width, width, width, width};
+  fmlp_input weights[3];
+  const void *biases[3];
+  void *hidden[3] = {NULL, NULL, NULL};
+  for (int l = 0; l < 3; ++l) {
+    weights[l] = (fmlp_input){values(width * width, 10 + l), width, 1};
+    biases[l] = values(width, 20 + l);
+    if (l < 2) hidden[l] = values(rows * width, 30 + l);
+  }
+  const op o = {.chain = {.dtype = DTYPE, .rows = rows, .n_layers = 3, .widths = widths,
+                          .x = {values(rows * width, 1), width, 1}, .weights = weights,
+                          .biases = biases, .hidden_activation = FMLP_ACT_RELU,
+                          .final_activation = FMLP_ACT_NONE, .y = values(rows * width, 4),
+                          .y_row_stride = width, .saved_hidden = hidden}};
+  char what[80];
+  snprintf(what, sizeof what, "forward %lld x %lld^3 ReLU, saving", (long long)rows,
+           (long long)width);
+  compare(what, &o, rounds, 3 * 2.0 * rows * width * width);
+  for (int l = 0; l < 3; ++l) {
+    free((void *)weights[l].data), free((void *)biases[l]), free(hidden[l]);
+  }
+  free((void *)o.chain.x.data), free(o.chain.y);
+}
+
 /* A training bench's chain backward, `rows` x (width -> width -> width ->
  * width) ReLU with biases, no grad_x (autograd skips it for an input without
  * grad), then its products one at a time: one layer's dW alone and its dX
@@ -335,6 +364,10 @@ int main(int argc, char **argv) {
   if (names(cases, "backward")) {
     chain_backward_cases(rounds, 256, 512); /* train_step */
     chain_backward_cases(rounds, 16, 256);  /* train_small */
+  }
+  if (names(cases, "forward")) {
+    chain_forward_case(rounds, 256, 512); /* train_step */
+    chain_forward_case(rounds, 16, 256);  /* train_small */
   }
   if (names(cases, "gated_backward")) gated_backward_case(rounds);
   return 0;

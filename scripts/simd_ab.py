@@ -10,11 +10,12 @@ few percent a kernel change moves; alternating within one process they see the s
 UNIT: a kernel unit's suffix, kernels_UNIT.c's (f32_avx512, bf16_avx512_bf16: its storage dtype
 and ISA), or an ISA alone for its float32 unit (avx2, avx512).
 CASES: a comma-separated subset of linear,linear1024,few,mlp,mlp_layers,gated,gated4096,ksweep,
-backward,gated_backward (default linear,mlp,gated; few is linear 768 -> 3072 at 1 to 6 rows,
+backward,gated_backward,forward (default linear,mlp,gated; few is linear 768 -> 3072 at 1 to 6 rows,
 token decoding in small batches; mlp_layers is mlp and then its three layers
 each alone, linear1024 is linear's shapes at 1024 rows, gated4096
 the GeGLU block at 4096 tokens with its weights packed ahead, ksweep single products at K = 768,
-1024 and 3072, backward and gated_backward the training benches' backwards). A header
+1024 and 3072, backward and gated_backward the training benches' backwards, forward the chain
+training benches' forwards, saving what their backwards read). A header
 of VARIANT_DIR is copied beside B's copy of the unit's source, where the unit's own `#include
 "..."` finds it first; a header that another header of csrc/cpu includes (gemm.h from drivers.h) is
 replaced only together with its includer. FMLP_EXTRA_CFLAGS (split on spaces) is added to B's
