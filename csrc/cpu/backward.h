@@ -829,10 +829,11 @@ static int64_t FN(stages_per_layer)(const FN(columns_backward) *bw) {
 /* Which of a layer's wanted products (*dw, *dx) task `task` of n_tasks
  * computes, and its columns [*j0, *j0 + *count) of their width k. Where both
  * are wanted and the tasks pair up, half of them take dX and half dW, each
- * product's columns split over its half; otherwise every task takes its
- * share of the columns of both. With two threads the dX chain then stays on
- * one core, which reads the grad_pre it finished itself, and each task runs
- * one product over twice the columns. Against every task taking both (Zen 3,
+ * product's columns split over its half, so that a task runs one product
+ * over twice the columns (one sweep of one b, where it had run two
+ * half-width ones); otherwise every task takes its share of the columns of
+ * both. Which thread takes which role changes from stage to stage (the
+ * stages' tasks are claimed as they come). Against every task taking both (Zen 3,
  * 2 threads, fusedmlp::chain_backward alternating with the old split in one
  * process, 11-21 rounds, median time ratios): 16 x 256^3 ReLU 0.94-0.96
  * without grad_x, 0.93-0.94 with it (bench train_small's whole step
