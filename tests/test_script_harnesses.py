@@ -2,7 +2,8 @@
 the kernel units' internals (block sizes, micro-kernels, packing), which change without them: a
 new argument to one internal routine once left two harnesses broken until someone ran them.
 Compiled only (-fsyntax-only, so the CPU need not have the instruction set): running them is
-timing, done on demand. scripts/heap_peak.py, a memory count, runs in its quick form."""
+timing, done on demand. scripts/heap_peak.py, a memory count, runs in its quick form, and
+scripts/step_parts.py one short round, to show it still runs against the bench's cases."""
 
 from __future__ import annotations
 
@@ -63,3 +64,25 @@ def test_heap_peak_counts_what_torch_allocates_and_more() -> None:
         assert float(heap) > 0, (block, dtype, variant)
         if variant == "eager":
             assert float(heap) >= 0.9 * float(profiled), (block, dtype, heap, profiled)
+
+
+def test_step_parts_times_both_parts_of_a_training_case() -> None:
+    """scripts/step_parts.py, one short round of train_small: it still runs against the bench's
+    cases and timer, and prints a forward, a backward and a step line with positive times."""
+    command = [sys.executable, str(SCRIPTS / "step_parts.py"), "train_small", "--rounds", "1",
+               "--min-run-time", "0.02"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines()[1:]}
+    assert sorted(lines) == ["backward", "forward", "step"], result.stdout
+    for part in ("forward", "backward"):
+        words = lines[part].split()
+        times = [float(words[i - 1]) for i, word in enumerate(words) if word == "us"]
+        assert len(times) == 2 and min(times) > 0, lines[part]
+    assert float(lines["step"].split()[-1]) > 0
+
+
+def test_step_parts_refuses_an_inference_case() -> None:
+    result = subprocess.run([sys.executable, str(SCRIPTS / "step_parts.py"), "study_linear"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "invalid choice: 'study_linear'" in result.stderr
