@@ -43,6 +43,16 @@ static inline int64_t FN(panel_rows)(int64_t k) {
 /* Bytes a packed value of K takes: the cache blocks count these. */
 #define PACKED_VALUE_BYTES ((int64_t)sizeof(REAL) / GEMM_PACKED_K_PER_SLOT)
 
+/* Slots of one packed MR-tall input panel over k values of K, each value
+ * GEMM_INPUT_COPIES slots (tile.h). */
+static inline int64_t FN(input_panel_slots)(int64_t k) {
+  return FN(panel_rows)(k) * GEMM_MR * GEMM_INPUT_COPIES;
+}
+
+#if defined(FMLP_INPUT_IN_PLACE) && GEMM_INPUT_COPIES != 1
+#error "input panels read in place hold each value once (GEMM_INPUT_COPIES 1)"
+#endif
+
 /* Where K block pc of the packed weight panel holding column col starts, in
  * slots from the packed weight's first. */
 static inline int64_t FN(weight_panel_at)(int64_t col, int64_t k, int64_t pc) {
@@ -268,7 +278,7 @@ static void FN(pack_input_block)(fmlp_input x, int64_t mc, int64_t pc, int64_t k
   for (int64_t ir = in_place ? mc / GEMM_MR * GEMM_MR : 0; ir < mc; ir += GEMM_MR) {
     FMLP_PACK_INPUT_PANEL(src + ir * x.row_stride + pc * x.col_stride, x.row_stride,
                           x.col_stride, mc - ir < GEMM_MR ? mc - ir : GEMM_MR, GEMM_MR, kc,
-                          dst + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR);
+                          dst + (ir / GEMM_MR) * FN(input_panel_slots)(kc));
   }
 }
 
@@ -354,7 +364,8 @@ static FN(blocks) FN(choose_blocks)(int64_t k, int64_t weights, int just_in_time
   const int64_t kc = k > 0 ? (k + n_k_blocks - 1) / n_k_blocks : 1;
   const int64_t weight_share =
       just_in_time ? GEMM_JUST_IN_TIME_WEIGHT_L2_SHARE : GEMM_AHEAD_WEIGHT_L2_SHARE;
-  const int64_t mc = l2 / GEMM_INPUT_L2_SHARE / PACKED_VALUE_BYTES / kc / GEMM_MR * GEMM_MR;
+  const int64_t mc =
+      l2 / GEMM_INPUT_L2_SHARE / PACKED_VALUE_BYTES / GEMM_INPUT_COPIES / kc / GEMM_MR * GEMM_MR;
   const int64_t nc = l2 / weight_share / elem / weights / kc / GEMM_NR * GEMM_NR;
   return (FN(blocks)){kc, mc > GEMM_MC ? mc : GEMM_MC, nc > GEMM_NR ? nc : GEMM_NR};
 }
@@ -368,13 +379,13 @@ static int64_t FN(input_pack_elems)(int64_t rows, int64_t max_k) {
   int64_t unpacked = 0, packed, most;
   if (rows <= GEMM_UNPACKED_MAX_ROWS && !fmlp_checked_mul(max_k, GEMM_NR, &unpacked)) return -1;
   const int64_t most_k = GEMM_GATED_ONE_BLOCK_K > GEMM_KC ? GEMM_GATED_ONE_BLOCK_K : GEMM_KC;
-  const int64_t kc = FN(panel_rows)(max_k < most_k ? max_k : most_k);
-  if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR, kc, &packed) ||
-      !fmlp_checked_mul(GEMM_MC, kc, &most)) {
+  const int64_t slots = FN(input_panel_slots)(max_k < most_k ? max_k : most_k);
+  if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR, slots, &packed) ||
+      !fmlp_checked_mul((GEMM_MC + GEMM_MR - 1) / GEMM_MR, slots, &most)) {
     return -1;
   }
   /* choose_blocks' mc x kc: the input block's share of the L2 in packed
-   * values of K, each at most a slot */
+   * values of K, each at most a slot (its copies counted in its bytes) */
   const int64_t l2_share = fmlp_cpu_l2_bytes() / GEMM_INPUT_L2_SHARE / PACKED_VALUE_BYTES;
   if (most < l2_share) most = l2_share;
   if (packed > most) packed = most;
@@ -400,8 +411,8 @@ static int64_t FN(weight_block_elems)(int64_t k, int64_t weights) {
 static int64_t FN(whole_input_pack_elems)(int64_t rows, int64_t max_k) {
   const int64_t most_k = GEMM_GATED_ONE_BLOCK_K > GEMM_KC ? GEMM_GATED_ONE_BLOCK_K : GEMM_KC;
   int64_t count;
-  if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR,
-                        FN(panel_rows)(max_k < most_k ? max_k : most_k), &count)) {
+  if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR,
+                        FN(input_panel_slots)(max_k < most_k ? max_k : most_k), &count)) {
     return -1;
   }
   return count;
@@ -417,8 +428,7 @@ static int64_t FN(shared_input_elems)(int64_t rows, int64_t k, int64_t weights) 
   const FN(blocks) b = FN(choose_blocks)(k, weights, 1);
   const int64_t n_k_blocks = (k + b.kc - 1) / b.kc;
   int64_t count;
-  if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR, FN(panel_rows)(b.kc),
-                        &count) ||
+  if (!fmlp_checked_mul((rows + GEMM_MR - 1) / GEMM_MR, FN(input_panel_slots)(b.kc), &count) ||
       !fmlp_checked_mul(count, n_k_blocks, &count)) {
     return -1;
   }
@@ -427,8 +437,7 @@ static int64_t FN(shared_input_elems)(int64_t rows, int64_t k, int64_t weights) 
 
 /* Where K block pc's panels lie in an input packed whole (shared_input_elems). */
 static inline int64_t FN(shared_input_block_at)(int64_t rows, int64_t pc, int64_t block_kc) {
-  return pc / block_kc * ((rows + GEMM_MR - 1) / GEMM_MR * GEMM_MR) *
-         FN(panel_rows)(block_kc);
+  return pc / block_kc * ((rows + GEMM_MR - 1) / GEMM_MR) * FN(input_panel_slots)(block_kc);
 }
 
 /* Unit `unit` of an input packed whole (shared_input_elems): the MR-row
@@ -445,7 +454,7 @@ static void FN(pack_shared_input_panel)(fmlp_input x, int64_t rows, int64_t k, i
   FMLP_PACK_INPUT_PANEL((const STORE *)x.data + ir * x.row_stride + pc * x.col_stride,
                         x.row_stride, x.col_stride, tile_rows, GEMM_MR, kc,
                         dst + FN(shared_input_block_at)(rows, pc, b.kc) +
-                            ir / GEMM_MR * FN(panel_rows)(kc) * GEMM_MR);
+                            ir / GEMM_MR * FN(input_panel_slots)(kc));
 }
 
 /* Units (panels of K blocks) of an input packed whole: pack_shared_input_panel's. */
@@ -509,7 +518,7 @@ static void FN(for_each_tile)(fmlp_input x, const REAL *packed_x, int64_t rows, 
           const REAL *a_panel =
               a_row_stride != 0
                   ? (const REAL *)(x_data + (ic + ir) * x.row_stride + pc)
-                  : panels + (ir / GEMM_MR) * FN(panel_rows)(kc) * GEMM_MR;
+                  : panels + (ir / GEMM_MR) * FN(input_panel_slots)(kc);
           for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
             tile_fn(context, state, a_panel, a_row_stride, ic + ir, jc + jr, pc, kc,
                     tile_rows, nc - jr < GEMM_NR ? nc - jr : GEMM_NR);
@@ -638,7 +647,8 @@ static void FN(gated_tile)(const void *context, void *state, const REAL *a_panel
           .a_row_stride = a_row_stride,
           .state = state,
       };
-      FMLP_MICROKERNEL_GATED(kc, a_panel + i0, gate_panel + j0, up_panel + j0, part_rows,
+      FMLP_MICROKERNEL_GATED(kc, a_panel + i0 * GEMM_INPUT_COPIES, gate_panel + j0,
+                             up_panel + j0, part_rows,
                              cols - j0 < GATED_NR ? cols - j0 : GATED_NR, &ep);
     }
   }

@@ -13,13 +13,19 @@
 #if !defined(GEMM_MR) || !defined(GEMM_NR)
 #error "a SIMD unit defines its tile, GEMM_MR x GEMM_NR (a multiple of FMLP_SIMD_WIDTH)"
 #endif
+#if GEMM_INPUT_COPIES != 1 && GEMM_INPUT_COPIES != FMLP_SIMD_WIDTH
+#error "an input value is packed once or spread over a vector (tile.h's GEMM_INPUT_COPIES)"
+#endif
+/* Slots an MR-tall input panel takes per value of K: its L1 share counts them. */
+#define GEMM_INPUT_PANEL_K_SLOTS (GEMM_MR * GEMM_INPUT_COPIES)
 /* The largest K block: an MR-row input micro-panel in half the L1 data
  * cache, where it stays while the weight panels stream past it (gemm.h).
  * Partial sums between K blocks live in the output, which storage narrower
  * than REAL would round, so such a unit runs the whole K at once (the bf16
  * units). */
-#define GEMM_KC \
-  (STORE_IS_REAL ? fmlp_cpu_l1_k_block(GEMM_MR * (int64_t)sizeof(REAL)) : ((int64_t)1 << 40))
+#define GEMM_KC                                                                            \
+  (STORE_IS_REAL ? fmlp_cpu_l1_k_block(GEMM_INPUT_PANEL_K_SLOTS * (int64_t)sizeof(REAL)) \
+                 : ((int64_t)1 << 40))
 /* A product of one weight cuts K finer, so that the input micro-panel and
  * the weight panel streaming past it fit the L1 together (the gated
  * product's two weight panels would not, and keeps GEMM_KC: K blocks that
@@ -31,7 +37,8 @@
  * on AVX2 (512, not 1024), 256 x 768 -> 3072 0.97x on AVX2 and the same on
  * AVX-512. */
 static inline int64_t FN(linear_k_block)(void) {
-  const int64_t both = fmlp_cpu_l1d_bytes() / ((GEMM_MR + GEMM_NR) * (int64_t)sizeof(REAL));
+  const int64_t both =
+      fmlp_cpu_l1d_bytes() / ((GEMM_INPUT_PANEL_K_SLOTS + GEMM_NR) * (int64_t)sizeof(REAL));
   const int64_t most = GEMM_KC;
   return both < 64 ? 64 : both < most ? both : most;
 }
@@ -46,7 +53,7 @@ static inline int64_t FN(linear_k_block)(void) {
 #endif
 #define GEMM_GATED_ONE_BLOCK_K                                                           \
   (STORE_IS_REAL ? fmlp_cpu_l1d_bytes() / GATED_ONE_BLOCK_L1_SHARE /                     \
-                       (GEMM_MR * (int64_t)sizeof(REAL))                                 \
+                       (GEMM_INPUT_PANEL_K_SLOTS * (int64_t)sizeof(REAL))                \
                  : GEMM_KC)
 #define GEMM_MC (GEMM_MR * 4)
 /* Up to this many rows the weight is read in place rather than packed
@@ -67,9 +74,15 @@ _Static_assert(GEMM_MR * GEMM_NV + GEMM_NV + 1 <= FMLP_SIMD_REGISTERS, "GEMM_MR 
  * first (microkernel_dpbf16.h) keeps those, and the rest of this file. */
 #ifndef FMLP_MICROKERNEL
 #define FMLP_PACK_WEIGHT_PANEL FN(pack_k_major)
+#if GEMM_INPUT_COPIES == 1
 #define FMLP_PACK_INPUT_PANEL FN(pack_k_major)
+#else
+#define FMLP_PACK_INPUT_PANEL FN(pack_input_spread)
+#endif
 #define FMLP_MICROKERNEL FN(microkernel_packed)
 #define FMLP_MICROKERNEL_GATED FN(microkernel_gated)
+#elif GEMM_INPUT_COPIES != 1
+#error "GEMM_INPUT_COPIES is read by this header's micro-kernels only"
 #endif
 
 /* dst[c * dst_stride + r] = src[r * src_stride + c] for r < stored_rows and
@@ -165,6 +178,25 @@ static __attribute__((unused)) void FN(pack_k_major)(const STORE *src, int64_t r
     return;
   }
   FN(pack_rows_k_major)(src, rs, cs, count, width, k, dst);
+}
+
+/* An input panel as pack_k_major packs it, each value then spread over a
+ * vector's GEMM_INPUT_COPIES slots (tile.h): from the last value back, as
+ * value n's slots start at n x GEMM_INPUT_COPIES, past every value before
+ * it, which is still to be read. */
+static __attribute__((unused)) void FN(pack_input_spread)(const STORE *src, int64_t rs,
+                                                          int64_t cs, int64_t count,
+                                                          int64_t width, int64_t k, REAL *dst) {
+  FN(pack_k_major)(src, rs, cs, count, width, k, dst);
+  for (int64_t at = width * k - 1; at >= 0; --at) {
+    v_store(dst + at * GEMM_INPUT_COPIES, v_set1(dst[at]));
+  }
+}
+
+/* The vector of a packed input value at p: loaded where the pack spread it
+ * over one (GEMM_INPUT_COPIES), else broadcast. */
+static inline vreal FN(input_vector)(const REAL *p) {
+  return GEMM_INPUT_COPIES > 1 ? v_load(p) : v_set1(*p);
 }
 
 
@@ -282,8 +314,8 @@ static FMLP_ALWAYS_INLINE void FN(accumulate_tile)(const int mr, const int nv,
 #pragma GCC unroll 16
     for (int i = 0; i < mr; ++i) {
       const int64_t at = kk * a_k_stride;
-      const vreal a_ik = v_set1(a_stored ? to_real(((const STORE *)a_rows[i])[at])
-                                         : ((const REAL *)a_rows[i])[at]);
+      const vreal a_ik = a_stored ? v_set1(to_real(((const STORE *)a_rows[i])[at]))
+                                  : FN(input_vector)((const REAL *)a_rows[i] + at);
 #pragma GCC unroll 8
       for (int v = 0; v < nv; ++v) acc[i][v] = v_fma(a_ik, b_k[v], acc[i][v]);
     }
@@ -338,8 +370,9 @@ static FMLP_ALWAYS_INLINE void FN(store_tile)(vreal acc[GEMM_MR][GEMM_NV], STORE
 #define PACKED_KERNEL_ATTRIBUTES __attribute__((unused))
 #endif
 
-/* Packed a (an MR-tall panel, element (i, kk) at a[kk * MR + i]) times the
- * packed b panel, into the row-major tile c (rows x cols of it inside). */
+/* Packed a (an MR-tall panel, element (i, kk) at
+ * a[(kk * MR + i) * GEMM_INPUT_COPIES]) times the packed b panel, into the
+ * row-major tile c (rows x cols of it inside). */
 static PACKED_KERNEL_ATTRIBUTES void FN(microkernel_packed)(int64_t kc, const REAL *restrict a,
                                    const REAL *restrict b, STORE *c, int64_t ldc, int64_t rows, int64_t cols,
                                    const FN(tile_epilogue) *ep) {
@@ -362,8 +395,8 @@ static PACKED_KERNEL_ATTRIBUTES void FN(microkernel_packed)(int64_t kc, const RE
   }
   const void *a_rows[GEMM_MR];
 #pragma GCC unroll 16
-  for (int i = 0; i < GEMM_MR; ++i) a_rows[i] = a + i;
-  FN(accumulate_tile)(GEMM_MR, GEMM_NV, acc, kc, a_rows, 0, GEMM_MR, b);
+  for (int i = 0; i < GEMM_MR; ++i) a_rows[i] = a + i * GEMM_INPUT_COPIES;
+  FN(accumulate_tile)(GEMM_MR, GEMM_NV, acc, kc, a_rows, 0, GEMM_INPUT_PANEL_K_SLOTS, b);
   if (ep->last_k_block) {
     if (ep->pre != NULL) FN(store_tile)(acc, ep->pre, ep->pre_stride, rows, cols);
     FN(activate_vectors)(&acc[0][0], GEMM_MR * GEMM_NV, ep->activation);
@@ -579,10 +612,10 @@ static FMLP_ALWAYS_INLINE void FN(load_gated_start)(vreal acc[GATED_MR][GATED_NV
 }
 
 /* a: the first of GATED_MR rows in a packed MR-tall input panel (element
- * (i, kk) at a[kk * MR + i]); b_gate, b_up: the first of GATED_NR columns in
- * the matching packed NR-wide weight panels. Gate and up accumulate in one
- * pass over K, so the input is read once and act(gate) * up is stored
- * without a round trip through memory. */
+ * (i, kk) at a[(kk * MR + i) * GEMM_INPUT_COPIES]); b_gate, b_up: the first
+ * of GATED_NR columns in the matching packed NR-wide weight panels. Gate
+ * and up accumulate in one pass over K, so the input is read once and
+ * act(gate) * up is stored without a round trip through memory. */
 static PACKED_KERNEL_ATTRIBUTES void FN(microkernel_gated)(int64_t kc, const REAL *restrict a,
                                                           const REAL *restrict b_gate,
                                                           const REAL *restrict b_up,
@@ -605,7 +638,7 @@ static PACKED_KERNEL_ATTRIBUTES void FN(microkernel_gated)(int64_t kc, const REA
     }
 #pragma GCC unroll 16
     for (int i = 0; i < GATED_MR; ++i) {
-      const vreal a_ik = v_set1(a[kk * GEMM_MR + i]);
+      const vreal a_ik = FN(input_vector)(a + (kk * GEMM_MR + i) * GEMM_INPUT_COPIES);
 #pragma GCC unroll 8
       for (int v = 0; v < GATED_NV; ++v) {
         gate[i][v] = v_fma(a_ik, bg[v], gate[i][v]);

@@ -8,6 +8,15 @@
 
 #include "fusedmlp/cpu.h"
 
+/* Slots a value of a packed input panel takes (a unit's tile header may
+ * set it): 1, or FMLP_SIMD_WIDTH where the value is stored spread over a
+ * whole vector, so that the micro-kernels load it where they would broadcast
+ * it (tile_portable.h says where that pays). Element (i, kk) of an MR-tall
+ * panel then lies at a[(kk * MR + i) * GEMM_INPUT_COPIES]. */
+#ifndef GEMM_INPUT_COPIES
+#define GEMM_INPUT_COPIES 1
+#endif
+
 /* A weight [n, k] (storage) packed into ceil(n / NR) panels of k rows by NR columns,
  * zero-padded past n: element (row j, col kk) of W lives at
  * data[(j / NR) * k * NR + kk * NR + j % NR]. data == NULL: not packed, the
