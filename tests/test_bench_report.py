@@ -85,6 +85,24 @@ def test_fp32_peak_uses_the_flags_of_the_isa_in_use(monkeypatch: pytest.MonkeyPa
     assert peak.peak_loop(torch.float64, "avx512") is None
 
 
+def test_host_gemm_peak_is_the_cpus_best_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the GEMMs run in ATen ("aten+<level>", the level FUSEDMLP_ISA forced, if any),
+    the peak is that of the CPU's best level, a forced-only one aside: ATen's GEMM runs
+    there whatever our kernels were forced to."""
+    forced_only = CpuIsa("avx512_bf16", (*AVX512_FLAGS, "-mavx512bf16"), ("avx512bf16",), True,
+                         True)
+    monkeypatch.setattr(peak, "cpu_isas", lambda: registry(forced_only))
+    fma = peak.PeakLoop("fp32 FMA", AVX512_FLAGS)
+    for level in ("portable", "avx512"):
+        assert peak.peak_loop(torch.float32, f"aten+{level}") == fma
+        assert peak.peak_loop(torch.bfloat16, f"aten+{level}") == fma
+    assert peak.peak_loop(torch.float64, "aten+avx512") is None
+    unsupported = CpuIsa("avx512", AVX512_FLAGS, ("avx512f",), False)
+    monkeypatch.setattr(peak, "cpu_isas", lambda: (CpuIsa("portable", (), (), True), unsupported))
+    monkeypatch.setattr(peak.platform, "machine", lambda: "x86_64")
+    assert peak.peak_loop(torch.float32, "aten+portable") == peak.SSE2_LOOP
+
+
 def test_the_portable_peak_is_sse2_on_x86_64_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """The portable float32 and bfloat16 units are SSE2 vectors on x86-64 (no FMA), plain
     code elsewhere; float64's is scalar."""

@@ -246,11 +246,22 @@ def bf16_loop(isa: str) -> PeakLoop | None:
     return PeakLoop(kind, flags, defines)
 
 
+HOST_GEMM_PREFIX = "aten+"  # _C.cpu_isa()'s answer where the GEMMs run in ATen
+
+
+def host_gemm_isa() -> str:
+    """The level whose vectors ATen's own GEMM runs on: the best this CPU supports (what
+    detection picks; FUSEDMLP_ISA forces our kernels, not ATen's)."""
+    return [isa.name for isa in cpu_isas() if isa.supported and not isa.forced_only][-1]
+
+
 def peak_loop(dtype: torch.dtype, isa: str) -> PeakLoop | None:
-    """The loop whose throughput bounds `dtype`'s GEMMs on this CPU running `isa`'s kernels,
-    or None where none is measured (float64, float16, neon and off-x86 portable): bfloat16's
-    units multiply on FMAs except at the levels of BF16_LOOPS, and like float32's at the
-    portable level."""
+    """The loop whose throughput bounds `dtype`'s GEMMs on this CPU running `isa`'s kernels
+    (for "aten+<level>", ATen's GEMM: host_gemm_isa's), or None where none is measured
+    (float64, float16, neon and off-x86 portable): bfloat16's units multiply on FMAs except
+    at the levels of BF16_LOOPS, and like float32's at the portable level."""
+    if isa.startswith(HOST_GEMM_PREFIX):
+        isa = host_gemm_isa()
     if dtype == torch.bfloat16:
         return bf16_loop(isa) or fma_loop(isa) or sse2_loop(isa)
     return (fma_loop(isa) or sse2_loop(isa)) if dtype == torch.float32 else None
