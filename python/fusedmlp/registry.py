@@ -45,9 +45,12 @@ def cpu_bf16_native() -> bool:
     return any(isa.bf16_native and isa.name == level for isa in cpu_isas())
 
 
+HOST_GEMM_PREFIX = "aten+"  # _C.cpu_isa(dtype)'s answer starts so where the GEMMs run in ATen
+
+
 def cpu_gemm_in_aten(dtype: torch.dtype = torch.float32) -> bool:
     """Whether the CPU ops' GEMMs in `dtype` run in ATen, each followed by our epilogue pass:
     the default where the dtype's kernel unit is at no level measured to beat eager (float64
     everywhere, every dtype on a CPU without AVX2), or FUSEDMLP_CPU_GEMM=aten
     (_C.cpu_isa(dtype) then says "aten+<isa>")."""
-    return _C.cpu_isa(str(dtype).removeprefix("torch.")).startswith("aten+")
+    return _C.cpu_isa(str(dtype).removeprefix("torch.")).startswith(HOST_GEMM_PREFIX)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from fusedmlp.registry import cpu_isas
+from fusedmlp.registry import HOST_GEMM_PREFIX, cpu_isas
 
 PEAK_SOURCE = r"""
 #include <immintrin.h>
@@ -244,9 +244,6 @@ def bf16_loop(isa: str) -> PeakLoop | None:
         return None
     kind, defines = BF16_LOOPS[isa]
     return PeakLoop(kind, flags, defines)
-
-
-HOST_GEMM_PREFIX = "aten+"  # _C.cpu_isa()'s answer where the GEMMs run in ATen
 
 
 def host_gemm_isa() -> str:
