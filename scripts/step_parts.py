@@ -2,8 +2,8 @@
 forward alone and its whole step (`zero grads; model(x).sum().backward()`), eager and fused
 taking turns in every round (the bench's timer), and prints each part's median time,
 fused/eager and GFLOP/s, the backward's being the step's median less the forward's, with the
-FMA peak sampled after the rounds, so that a step's ratio can be read against what eager's own
-GEMMs reach:
+peak (peak.py's loop for the dtype and level) sampled after the rounds, so that a step's
+ratio can be read against what eager's own GEMMs reach:
 
     PYTHONPATH=python python scripts/step_parts.py [CASE] [--rounds N] [--dtype D]
                                                    [--min-run-time S]
@@ -22,7 +22,7 @@ import torch
 from fusedmlp import _C
 from fusedmlp.bench.cases import CASES, build_modules, gemm_flops, make_input, training_call
 from fusedmlp.bench.cli import timed_runs, warm_up
-from fusedmlp.bench.peak import peak_loop, peak_sampler
+from fusedmlp.bench.peak import START_REPS, START_SECONDS, peak_loop, peak_sampler
 
 TRAINING_CASES = {case.name: case for case in CASES if case.train}
 VARIANTS = ("eager", "fused")
@@ -64,10 +64,12 @@ def main() -> None:
     part_us |= {(variant, "backward"): us[f"{variant} step"] - us[f"{variant} forward"]
                 for variant in VARIANTS}
     threads = torch.get_num_threads()
-    with peak_sampler(peak_loop(dtype, _C.cpu_isa(args.dtype)), threads) as sampler:
-        peak = sampler(0.04, 3) if sampler is not None else None
+    loop = peak_loop(dtype, _C.cpu_isa(args.dtype))
+    with peak_sampler(loop, threads) as sampler:
+        peak = sampler(START_SECONDS, START_REPS) if sampler is not None else None
+    timed_peak = f"{loop.kind} peak {peak:.0f} GFLOP/s" if loop and peak else "no peak timed"
     print(f"{case.name} ({case.description}), {args.dtype}, {threads} threads, "
-          f"{args.rounds} rounds, FMA peak {peak or float('nan'):.0f} GFLOP/s after them")
+          f"{args.rounds} rounds, {timed_peak} after them")
     for part in PARTS:
         line = f"  {part:>8}:"
         for variant in VARIANTS:

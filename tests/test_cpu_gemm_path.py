@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from conftest import ACTIVATIONS, FUNCTIONAL, assert_matches_reference
 from fusedmlp import _C
-from fusedmlp.registry import cpu_gemm_in_aten, cpu_isas
+from fusedmlp.registry import cpu_gemm_in_aten, cpu_isas, detected_cpu_isa
 
 ISAS = {isa.name: isa for isa in cpu_isas()}
 
@@ -33,7 +33,7 @@ def measured_level_here() -> bool:
 def test_the_default_path_and_what_forces_the_kernels(monkeypatch):
     monkeypatch.delenv("FUSEDMLP_ISA", raising=False)
     monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
-    best = [isa.name for isa in ISAS.values() if isa.supported and not isa.forced_only][-1]
+    best = detected_cpu_isa(ISAS.values())
     assert _C.cpu_isa() == (best if measured_level_here() else f"aten+{best}")
     monkeypatch.setenv("FUSEDMLP_ISA", "portable")  # a forced level runs our kernels
     assert _C.cpu_isa() == "portable"
@@ -61,7 +61,7 @@ def test_cpu_isa_and_the_backward_follow_each_dtypes_path(monkeypatch, dtype, ge
     ATen's GEMMs (inside our backward op) by default, not our GEMMs on its scalar unit."""
     monkeypatch.delenv("FUSEDMLP_ISA", raising=False)
     monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)
-    best = [isa.name for isa in ISAS.values() if isa.supported and not isa.forced_only][-1]
+    best = detected_cpu_isa(ISAS.values())
     ours = measured_level_here() and dtype != torch.float64
     assert _C.cpu_isa(str(dtype).removeprefix("torch.")) == (best if ours else f"aten+{best}")
     assert cpu_gemm_in_aten(dtype) == (not ours)

@@ -5,6 +5,7 @@ activation names are fusedmlp.ACTIVATIONS.)"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
@@ -35,6 +36,13 @@ def cpu_isas() -> tuple[CpuIsa, ...]:
                bf16_native)
         for name, flags, features, supported, forced_only, bf16_native in _C.cpu_isas()
     )
+
+
+def detected_cpu_isa(isas: Iterable[CpuIsa]) -> str:
+    """The level detection picks from `isas` (cpu_isas(), lowest first): the best this CPU
+    supports, forced-only ones aside. FUSEDMLP_ISA forces our kernels, never ATen's GEMM,
+    which runs on this level's vectors."""
+    return [isa.name for isa in isas if isa.supported and not isa.forced_only][-1]
 
 
 def cpu_bf16_native() -> bool:

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from fusedmlp.registry import HOST_GEMM_PREFIX, cpu_isas
+from fusedmlp.registry import HOST_GEMM_PREFIX, cpu_isas, detected_cpu_isa
 
 PEAK_SOURCE = r"""
 #include <immintrin.h>
@@ -246,19 +246,13 @@ def bf16_loop(isa: str) -> PeakLoop | None:
     return PeakLoop(kind, flags, defines)
 
 
-def host_gemm_isa() -> str:
-    """The level whose vectors ATen's own GEMM runs on: the best this CPU supports (what
-    detection picks; FUSEDMLP_ISA forces our kernels, not ATen's)."""
-    return [isa.name for isa in cpu_isas() if isa.supported and not isa.forced_only][-1]
-
-
 def peak_loop(dtype: torch.dtype, isa: str) -> PeakLoop | None:
     """The loop whose throughput bounds `dtype`'s GEMMs on this CPU running `isa`'s kernels
-    (for "aten+<level>", ATen's GEMM: host_gemm_isa's), or None where none is measured
+    (for "aten+<level>", ATen's GEMM: the detected level's), or None where none is measured
     (float64, float16, neon and off-x86 portable): bfloat16's units multiply on FMAs except
     at the levels of BF16_LOOPS, and like float32's at the portable level."""
     if isa.startswith(HOST_GEMM_PREFIX):
-        isa = host_gemm_isa()
+        isa = detected_cpu_isa(cpu_isas())
     if dtype == torch.bfloat16:
         return bf16_loop(isa) or fma_loop(isa) or sse2_loop(isa)
     return (fma_loop(isa) or sse2_loop(isa)) if dtype == torch.float32 else None
