@@ -3,12 +3,15 @@
 converted from it) at the case's width and at width 8, where the arithmetic is nothing and the
 step is the framework's fixed cost (autograd engine, op calls, Python), all four taking turns
 in every round, and prints the medians, fused/eager at each width, and the size-dependent parts
-(full width minus width 8) with their ratio:
+(full width minus width 8) with their ratio. Beside them a third model, the floor, runs the
+same step through one Python autograd.Function that takes and saves what FusedMLP's training
+Function does and computes nothing: PyTorch's own cost of the path a fused step takes (the
+Function, the autograd engine, AccumulateGrad), which no kernel or glue of ours can go under:
 
     PYTHONPATH=python python scripts/step_fixed_cost.py [WIDTH [ROUNDS [THREADS]]]
 
 A step's ratio cannot fall below fused's fixed cost over eager's whole step, however fast the
-kernels (README, the Zen 3 sweeps)."""
+kernels, nor that fixed cost below the floor's (README, the Zen 3 sweeps)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,38 @@ from torch import nn
 
 ROWS = 16
 STEPS_PER_ROUND = 200
+
+
+class NoArithmetic(torch.autograd.Function):
+    """FusedMLP's training Function without its ops: it takes x and the chain's weights and
+    biases, saves x and the weights, and returns an output and gradients of the right shapes,
+    left uninitialised."""
+
+    @staticmethod
+    def forward(ctx, x, n_weights, *parameters):  # type: ignore[override]
+        weights = parameters[:n_weights]
+        ctx.save_for_backward(x, *weights)
+        ctx.shapes = [p.shape for p in parameters]
+        return x.new_empty(x.shape[0], weights[-1].shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_y):  # type: ignore[override]
+        _ = ctx.saved_tensors  # unpacked (their versions checked) as the fused backward's are
+        grads = [grad_y.new_empty(shape) for shape in ctx.shapes]
+        return None, None, *grads
+
+
+class Floor(nn.Module):
+    """The floor of a fused step: NoArithmetic over an eager chain's own parameters."""
+
+    def __init__(self, chain: nn.Sequential) -> None:
+        super().__init__()
+        self.chain = chain
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        linears = [m for m in self.chain if isinstance(m, nn.Linear)]
+        parameters = [layer.weight for layer in linears] + [layer.bias for layer in linears]
+        return NoArithmetic.apply(x, len(linears), *parameters)
 
 
 def step(model: nn.Module, x: torch.Tensor) -> None:
@@ -43,6 +78,7 @@ def main() -> None:
         x = torch.randn(ROWS, w)
         variants[f"eager {w}"] = (eager, x)
         variants[f"fused {w}"] = (convert(eager), x)
+        variants[f"floor {w}"] = (Floor(eager), x)
     times: dict[str, list[float]] = {name: [] for name in variants}
     for model, x in variants.values():
         for _ in range(20):
@@ -73,6 +109,11 @@ def main() -> None:
         f"{fused_part / eager_part:.2f}"
     )
     print(f"fused's fixed cost alone is {us['fused 8'] / us[f'eager {width}']:.2f} of eager's step")
+    print(
+        f"the floor (one Python autograd node, no arithmetic): {us['floor 8']:.0f} us at width 8, "
+        f"{us['floor 8'] / us[f'eager {width}']:.2f} of eager's step; fused's fixed cost "
+        f"{us['fused 8'] - us['floor 8']:.0f} us above it"
+    )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ the kernel units' internals (block sizes, micro-kernels, packing), which change 
 new argument to one internal routine once left two harnesses broken until someone ran them.
 Compiled only (-fsyntax-only, so the CPU need not have the instruction set): running them is
 timing, done on demand. scripts/heap_peak.py, a memory count, runs in its quick form, and
-scripts/step_parts.py one short round, to show it still runs against the bench's cases."""
+scripts/step_parts.py and scripts/step_fixed_cost.py one short round each, to show they still
+run."""
 
 from __future__ import annotations
 
@@ -86,3 +87,19 @@ def test_step_parts_refuses_an_inference_case() -> None:
     result = subprocess.run([sys.executable, str(SCRIPTS / "step_parts.py"), "study_linear"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "invalid choice: 'study_linear'" in result.stderr
+
+
+def test_step_fixed_cost_times_eager_fused_and_the_floor() -> None:
+    """scripts/step_fixed_cost.py, one round at width 16: it still builds its three models
+    (eager, fused, the no-arithmetic floor) at both widths and prints a positive time for each."""
+    result = subprocess.run([sys.executable, str(SCRIPTS / "step_fixed_cost.py"), "16", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    times = {}
+    for line in result.stdout.splitlines():
+        name, _, value = line.strip().partition(":")
+        if name.split()[0] in ("eager", "fused", "floor") and name.split()[-1].isdigit():
+            times[name] = float(value)
+    expected = {f"{model} {width}" for model in ("eager", "fused", "floor") for width in (8, 16)}
+    assert set(times) == expected and min(times.values()) > 0, result.stdout
+    assert "the floor (one Python autograd node, no arithmetic)" in result.stdout
