@@ -50,9 +50,10 @@ def _chain_backward(
     runs it all through our GEMM core; elsewhere, and for a double backward, ATen GEMMs
     around fusedmlp::activation_backward."""
     if _whole_backward_on_cpu(x):
-        grad_x, grad_weights, grad_biases = _ops.chain_backward(
-            grad_y, x, weights, saved, y, has_bias, hidden, final, need_grad_x
-        )
+        with labelled_layers():  # so that, under a profiler, its ATen GEMMs show inside it
+            grad_x, grad_weights, grad_biases = _ops.chain_backward(
+                grad_y, x, weights, saved, y, has_bias, hidden, final, need_grad_x
+            )
         biases: list[Tensor | None] = list(grad_biases) or [None] * len(weights)
         return (grad_x if need_grad_x else None), list(grad_weights), biases
     rows = leading_rows(x)
