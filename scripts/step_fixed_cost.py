@@ -1,12 +1,13 @@
 """How much of a small training step is fixed cost (issue 13): times bench train_small's step
 (`zero grads; model(x).sum().backward()` on a ReLU chain of 16 rows, eager and FusedMLP
 converted from it) at the case's width and at width 8, where the arithmetic is nothing and the
-step is the framework's fixed cost (autograd engine, op calls, Python), all four taking turns
-in every round, and prints the medians, fused/eager at each width, and the size-dependent parts
+step is the framework's fixed cost (autograd engine, op calls, Python), all taking turns in
+every round, and prints the medians, fused/eager at each width, and the size-dependent parts
 (full width minus width 8) with their ratio. Beside them a third model, the floor, runs the
-same step through one Python autograd.Function that takes and saves what FusedMLP's training
-Function does and computes nothing: PyTorch's own cost of the path a fused step takes (the
-Function, the autograd engine, AccumulateGrad), which no kernel or glue of ours can go under:
+same step through one Python autograd.Function that takes the inputs FusedMLP's training
+Function takes, saves them as it does, and computes nothing: PyTorch's own cost of the path a
+fused step takes (the Function, the autograd engine, AccumulateGrad), which no kernel or glue
+of ours can go under:
 
     PYTHONPATH=python python scripts/step_fixed_cost.py [WIDTH [ROUNDS [THREADS]]]
 

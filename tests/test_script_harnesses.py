@@ -98,7 +98,8 @@ def test_step_fixed_cost_times_eager_fused_and_the_floor() -> None:
     times = {}
     for line in result.stdout.splitlines():
         name, _, value = line.strip().partition(":")
-        if name.split()[0] in ("eager", "fused", "floor") and name.split()[-1].isdigit():
+        words = name.split()
+        if len(words) == 2 and words[0] in ("eager", "fused", "floor") and words[1].isdigit():
             times[name] = float(value)
     expected = {f"{model} {width}" for model in ("eager", "fused", "floor") for width in (8, 16)}
     assert set(times) == expected and min(times.values()) > 0, result.stdout
