@@ -87,21 +87,25 @@ void call_out_op(const char *name, std::array<StableIValue, N> stack) {
   torch::stable::detail::to<Tensor>(stack[0]);
 }
 
-// The C shim's generated entry to ATen's CPU mm.out kernel, weak: a libtorch
-// that no longer (or not yet) exports it still loads this module, and the
-// host-GEMM path then calls aten::mm.out through the dispatcher.
+// The C shim's generated entries to ATen's CPU mm.out and addmm.out kernels,
+// weak: a libtorch that no longer (or not yet) exports one still loads this
+// module, and the host-GEMM path then calls the op through the dispatcher.
 #pragma weak aoti_torch_cpu_mm_out
+#pragma weak aoti_torch_cpu_addmm_out
+
+// Whether the host-GEMM path calls ATen's CPU kernel through the shim entry
+// (present in this libtorch), as eager's torch.mm and F.linear reach it, rather
+// than by name through the dispatcher: that call's lookup and boxing cost 2-3 us
+// more a GEMM, which left a 16 x 256 -> 256 ReLU FusedLinear 1.055x eager's
+// Linear + ReLU (1.00x through the shim). Under a profiler the dispatcher makes
+// the call, so that ATen's event shows inside our op.
+bool through_shim(const void *entry) { return entry != nullptr && !profiler_records(); }
 
 // The host-GEMM path (fmlp_cpu_gemm_in_use() == FMLP_GEMM_HOST, on CPUs where no
 // kernel level was measured to beat eager): out = a @ b by ATen's GEMM
-// (aten::mm.out), our passes around it. ATen's CPU kernel is called through the
-// C shim directly, as eager's torch.mm reaches it: the by-name dispatcher call
-// (its lookup and boxing) cost 2-3 us more a GEMM, which left a 16 x 256 -> 256
-// ReLU FusedLinear 1.055x eager's Linear + ReLU (1.00x through the shim). Under
-// a profiler the dispatcher makes the call, so that its aten::mm event shows
-// inside our op.
+// (aten::mm.out), our passes around it.
 void host_mm(const Tensor &out, const Tensor &a, const Tensor &b) {
-  if (&aoti_torch_cpu_mm_out != nullptr && !profiler_records()) {
+  if (through_shim(reinterpret_cast<const void *>(&aoti_torch_cpu_mm_out))) {
     TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()));
     return;
   }
@@ -109,22 +113,32 @@ void host_mm(const Tensor &out, const Tensor &a, const Tensor &b) {
   call_out_op<3>("aten::mm", {from(a), from(b), from(out)});
 }
 
-// Whether a bias goes into ATen's GEMM (aten::linear.out, whose addmm sums it with
-// the product before rounding; the stable ABI cannot call addmm itself, its Scalar
-// arguments having no stable conversion) rather than into our pass after it: for a
-// dtype narrower than the sums (bfloat16), where the rounded product plus the bias
-// would lose the low bits of every sum near zero (ReLU's sign, the activations'
-// slope). Elsewhere our pass takes it, which saves linear's calls below the
-// dispatcher and addmm's copy of the bias.
+// Whether a bias goes into ATen's GEMM (addmm, which sums it with the product
+// before rounding) rather than into our pass after it: for a dtype narrower than
+// the sums (bfloat16), where the rounded product plus the bias would lose the low
+// bits of every sum near zero (ReLU's sign, the activations' slope). Elsewhere
+// our pass takes it, which saves addmm's copy of the bias.
 bool bias_in_gemm(const Tensor &out) { return out.scalar_type() == ScalarType::BFloat16; }
+
+// out = x @ w.T + b by ATen's GEMM, as F.linear computes it (addmm for 2-D x).
+// The dispatcher's way is aten::linear.out: the stable ABI cannot box addmm's
+// Scalar arguments, which the shim entry takes as doubles.
+void host_addmm(const Tensor &out, const Tensor &x, const Tensor &w, const Tensor &b) {
+  if (through_shim(reinterpret_cast<const void *>(&aoti_torch_cpu_addmm_out))) {
+    TORCH_ERROR_CODE_CHECK(
+        aoti_torch_cpu_addmm_out(out.get(), b.get(), x.get(), transposed(w).get(), 1.0, 1.0));
+    return;
+  }
+  using torch::stable::detail::from;
+  call_out_op<4>("aten::linear", {from(x), from(w), from(b), from(out)});
+}
 
 // out = x @ w.T by ATen's GEMM, out contiguous for the pass that follows, which
 // adds the bias returned (nullptr: none, or ATen's GEMM summed it in).
 const void *host_gemm(const Tensor &out, const Tensor &x, const Tensor &w,
                       const OptionalTensor &b) {
-  using torch::stable::detail::from;
   if (b.has_value() && bias_in_gemm(out)) {
-    call_out_op<4>("aten::linear", {from(x), from(w), from(b), from(out)});
+    host_addmm(out, x, w, *b);
     return nullptr;
   }
   host_mm(out, x, transposed(w));
