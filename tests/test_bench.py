@@ -64,9 +64,10 @@ def test_quick_sweep_writes_every_case(tmp_path: Path) -> None:
     level = document["machine"]["cpu_isa"].removeprefix("aten+")
     assert level in {isa.name for isa in cpu_isas() if isa.supported}
     assert document["machine"]["peak_kind"] in {"fp32 FMA", None}
+    assert document["machine"]["rounds"] == 3
     for case, spec in zip(document["cases"], CASES):  # peak samples beside fused's timings
         sampled = spec.gemm_bound and document["machine"]["peak_kind"] is not None
-        assert len(case["peak_samples_gflops"]) == (2 * cli.ROUNDS if sampled else 0)
+        assert len(case["peak_samples_gflops"]) == (2 * 3 if sampled else 0)  # 3 rounds
         assert (case["peak_gflops"] is not None) == sampled
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "peak fwd MiB e/c/f" in result.stdout
@@ -144,14 +145,35 @@ def test_gemm_cases_sample_the_peak_beside_fused_and_take_the_median(
     args = cli.parse_args(["--quick", "--no-compile"])
     by_name = {case.name: case for case in CASES}
     result = cli.run_case(by_name["large_gemm"], args, 1, 2, sample_peak)
-    assert events == ["timed", "peak", "timed", "peak"] * cli.ROUNDS  # eager, then fused
+    assert events == ["timed", "peak", "timed", "peak"] * 3  # eager, then fused; 3 rounds
     assert result.peak_samples_gflops == [40.0, 10.0, 30.0, 20.0, 60.0, 50.0]
     assert result.peak_gflops == 35.0
     fused_gflops = result.flops / 0.001 / 1e9
     assert result.to_json()["fused_peak_fraction"] == pytest.approx(fused_gflops / 35.0)
     events.clear()
     small = cli.run_case(by_name["small_batch"], args, 2, 2, sample_peak)
-    assert events == ["timed", "timed"] * cli.ROUNDS and small.peak_gflops is None
+    assert events == ["timed", "timed"] * 3 and small.peak_gflops is None
+
+
+def test_rounds_split_each_variants_time_into_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--rounds N: the variants take N turns, each timed for min-run-time / N; the medians are
+    over every turn's blocks (stubbed timings, so nothing here is timed)."""
+    turns: list[tuple[str, float]] = []
+    times = {"eager": iter([3.0, 1.0, 2.0, 5.0, 4.0]), "fused": iter([1.0, 1.0, 9.0, 1.0, 1.0])}
+
+    def timed_runs(fn: object, min_run_time: float) -> list[float]:
+        variant = "eager" if not turns or turns[-1][0] == "fused" else "fused"
+        turns.append((variant, min_run_time))
+        return [next(times[variant])]
+
+    monkeypatch.setattr(cli, "timed_runs", timed_runs)
+    args = cli.parse_args(["--quick", "--no-compile", "--rounds", "5", "--min-run-time", "1"])
+    small = next(case for case in CASES if case.name == "small_batch")
+    result = cli.run_case(small, args, 1, 1, None)
+    assert turns == [("eager", 0.2), ("fused", 0.2)] * 5
+    assert result.median_s == {"eager": 3.0, "fused": 1.0}
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--rounds", "0"])
 
 
 @pytest.mark.skipif(

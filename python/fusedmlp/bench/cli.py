@@ -2,17 +2,19 @@
 
     python -m fusedmlp.bench [--device cpu|cuda] [--dtype float32] [--quick] [--out DIR]
                              [--cases a,b] [--no-compile] [--no-compile-max]
-                             [--min-run-time S] [--threads N] [--emulate-cpu avx2]
-                             [--weight-cache MIB]
+                             [--min-run-time S] [--rounds N] [--threads N]
+                             [--emulate-cpu avx2] [--weight-cache MIB]
 
 Variants: eager, torch.compile (default mode), compile-max (inference cases only:
 torch.compile with mode="max-autotune" and Inductor freezing, which lets Inductor treat the
 weights as constants and, on the CPU, pick its C++ GEMM template with fused epilogues; its
 compiles take minutes) and fused. Times every case with torch.utils.benchmark (warm-up, CUDA
 sync, medians; the variants take turns in rounds so that drifting machine load biases none of
-them), prints a table of medians and of fused's time over each other variant's, and each
-variant's memory above its inputs and weights (the peak of one inference forward, and what a
-forward with autograd saves for backward), and writes bench.json and bench.png into --out.
+them: --rounds, 3 by default, splits each variant's --min-run-time into that many turns, and
+more of them steady the ratios of cases that sit near 1.0x on a shared machine), prints a
+table of medians and of fused's time over each other variant's, and each variant's memory
+above its inputs and weights (the peak of one inference forward, and what a forward with
+autograd saves for backward), and writes bench.json and bench.png into --out.
 GEMM-bound cases also report fused's GFLOP/s as a fraction of this machine's peak for the dtype,
 timed by a small C loop (peak.py: fp32 FMA; SSE2 multiply and add for float32 at the portable
 level on x86-64; for bfloat16 what the level in use multiplies on: AMX tiles at avx512_amx, the
@@ -99,6 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="skip compile-max (max-autotune + freezing), whose compiles are slow")
     parser.add_argument("--min-run-time", type=float, default=None,
                         help="seconds of timing per measurement (default 1, --quick 0.05)")
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="turns the variants take, each timed for min-run-time / rounds "
+                             "a turn (default 3)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads before timing (default: torch's)")
     parser.add_argument("--emulate-cpu", choices=list(EMULATIONS), default=None,
@@ -110,6 +115,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def select_cases(spec: str | None) -> list[Case]:
     if not spec:
         return list(CASES)
@@ -119,9 +131,6 @@ def select_cases(spec: str | None) -> list[Case]:
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; choose from {sorted(by_name)}")
     return [by_name[n] for n in names]
-
-
-ROUNDS = 3  # variants take turns, so drifting machine load biases none of them
 
 
 def warm_up(fn: Callable[[], object]) -> None:
@@ -195,7 +204,8 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int,
     min_run_time = args.min_run_time or (0.05 if args.quick else 1.0)
     variants = [v for v in VARIANTS if v in calls]
     runs: dict[str, list[float]] = {v: [] for v in variants}
-    sample_seconds = min(SAMPLE_SECONDS, min_run_time / ROUNDS)  # --quick: shorter
+    rounds = args.rounds  # variants take turns, so drifting machine load biases none of them
+    sample_seconds = min(SAMPLE_SECONDS, min_run_time / rounds)  # --quick: shorter
     peaks: list[float | None] = []
     for variant in variants:
         started = time.perf_counter()
@@ -205,19 +215,19 @@ def run_case(case: Case, args: argparse.Namespace, index: int, total: int,
             warm_up(calls[variant])
         result.warmup_s[variant] = time.perf_counter() - started
         print(f" {result.warmup_s[variant]:.1f} s", file=sys.stderr, flush=True)
-    for round_index in range(ROUNDS):
+    for round_index in range(rounds):
         for variant in variants:
             beside = case.gemm_bound and variant == "fused" and sample_peak is not None
             if beside:
                 peaks.append(sample_peak(sample_seconds))
-            runs[variant] += timed_runs(calls[variant], min_run_time / ROUNDS)
+            runs[variant] += timed_runs(calls[variant], min_run_time / rounds)
             if beside:
                 peaks.append(sample_peak(sample_seconds))
         medians = ", ".join(f"{v} {statistics.median(runs[v]) * 1e3:.3f} ms" for v in variants)
         if peaks:
             shown = ", ".join("-" if p is None else f"{p:.0f}" for p in peaks[-2:])
             medians += f"; peak samples {shown} GFLOP/s"
-        print(f"[{index}/{total}] {case.name}: round {round_index + 1}/{ROUNDS}: {medians}",
+        print(f"[{index}/{total}] {case.name}: round {round_index + 1}/{rounds}: {medians}",
               file=sys.stderr, flush=True)
     result.median_s = {v: statistics.median(runs[v]) for v in variants}
     result.peak_samples_gflops = [p for p in peaks if p is not None]
@@ -258,6 +268,7 @@ def machine_description(args: argparse.Namespace, loop: PeakLoop | None,
         "cpu": platform.processor() or platform.machine(),
         "cpu_isa": isa,
         "threads": threads,
+        "rounds": args.rounds,
         # the peak loop's GFLOP/s at the start, for reference: each GEMM-bound case's fraction
         # is against the peak sampled beside its timings (its peak_gflops)
         "start_peak_gflops": None,
