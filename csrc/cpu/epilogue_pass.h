@@ -30,6 +30,19 @@ static void FN(biased_span)(const STORE *x, const STORE *bias, int64_t n, STORE 
  * then out = act(pre) or act(gate) * up, formed in REAL a span at a time and
  * rounded once. */
 static void FN(epilogue_segment)(const FN(epilogue_job) *job, int64_t at, int64_t j0, int64_t n) {
+#if STORE_IS_REAL
+  if (job->up == NULL && job->pre == job->out) {
+    /* in place, storage the accumulator: two sweeps over the segment where
+     * going through v took four */
+    STORE *out = job->out + at;
+    if (job->bias != NULL) {
+      const STORE *bias = job->bias + j0;
+      for (int64_t j = 0; j < n; ++j) out[j] += bias[j];
+    }
+    FN(activate_span)(out, n, job->activation);
+    return;
+  }
+#endif
   for (int64_t s = 0; s < n; s += GATE_PRODUCT_SPAN) {
     const int64_t count = n - s < GATE_PRODUCT_SPAN ? n - s : GATE_PRODUCT_SPAN;
     STORE *pre = job->pre + at + s, *out = job->out + at + s;
