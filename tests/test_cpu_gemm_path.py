@@ -204,3 +204,53 @@ def test_the_profiler_shows_atens_gemm_inside_our_op(aten_path, monkeypatch, gen
     assert gemms_inside("fusedmlp::gated_mlp", gated) == 3
     monkeypatch.delenv("FUSEDMLP_CPU_GEMM")  # the forced level alone: our kernels
     assert gemms_inside("fusedmlp::linear", linear) == 0
+
+
+
+# The chunks' size follows the L2 cache (csrc/cpu/host_chunks.c); these shapes hold for any
+# L2 cache of at most 4 MiB a core, on one thread.
+L2_AT_MOST = 4 << 20
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_tall_chains_run_in_row_chunks_and_match_eager(aten_path, one_thread, generator):
+    """With weights that stay in cache, the host-GEMM path runs a tall chain a chunk of rows
+    at a time through every layer (a chunk's widest activation filling an L2 cache per
+    thread): each chunk's GEMMs show under the profiler, and the output and gradients (the
+    saved activations written chunk by chunk) match eager's."""
+    widths, dtype = (8, 16, 8), torch.float64
+    rows = L2_AT_MOST // (max(widths) * 8) + 77  # over one chunk, not a multiple of one
+    x = sample(rows, widths[0], generator=generator, dtype=dtype).requires_grad_()
+    weights = [
+        sample(n, k, generator=generator, dtype=dtype).requires_grad_()
+        for k, n in zip(widths[:-1], widths[1:])
+    ]
+    biases = [sample(n, generator=generator, dtype=dtype).requires_grad_() for n in widths[1:]]
+    with torch.no_grad():
+        gemms = gemms_inside("fusedmlp::mlp", lambda: fusedmlp.mlp(x, weights, biases, "gelu"))
+    assert gemms > 2 and gemms % 2 == 0  # both layers' GEMMs for each of several chunks
+    y = fusedmlp.mlp(x, weights, biases, "gelu")
+    expected = F.linear(F.gelu(F.linear(x, weights[0], biases[0])), weights[1], biases[1])
+    torch.testing.assert_close(y, expected)
+    wrt = [x, *weights, *biases]
+    torch.testing.assert_close(
+        torch.autograd.grad(y.sum(), wrt), torch.autograd.grad(expected.sum(), wrt)
+    )
+
+
+def test_a_weight_larger_than_l2_keeps_the_rows_whole(aten_path, one_thread, generator):
+    """ATen's GEMM would read and pack a weight that outgrows the L2 cache again for every
+    chunk: such a layer runs all rows in one GEMM."""
+    width = 768  # a float64 768 x 768 weight: 4.5 MiB
+    assert width * width * 8 > L2_AT_MOST
+    rows = 4 * L2_AT_MOST // (width * 8)  # four chunks of a chunked run
+    x = sample(rows, width, generator=generator, dtype=torch.float64)
+    weight = sample(width, width, generator=generator, dtype=torch.float64)
+    assert gemms_inside("fusedmlp::linear", lambda: fusedmlp.linear(x, weight, None, "relu")) == 1

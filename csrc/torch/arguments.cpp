@@ -260,6 +260,10 @@ Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width
   return reinterpreted(buffer, {rows, width}, {width, 1}, offset);
 }
 
+Tensor row_range(const Tensor &t, int64_t first, int64_t count) {
+  return reinterpreted(t, {count, t.size(1)}, {t.stride(0), t.stride(1)}, first * t.stride(0));
+}
+
 Tensor transposed(const Tensor &t) {
   return reinterpreted(t, {t.size(1), t.size(0)}, {t.stride(1), t.stride(0)}, 0);
 }

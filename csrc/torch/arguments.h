@@ -119,6 +119,10 @@ Tensor empty(IntList shape, const Tensor &like);
 // without being its autograd view: for the kernels' own use, never returned.
 Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width);
 
+// Rows [first, first + count) of the 2-D t, by the same shim call (any view of
+// any storage works): for the kernels' own use, never returned, like rows_at.
+Tensor row_range(const Tensor &t, int64_t first, int64_t count);
+
 // The 2-D t transposed, by the same shim call (its offset is added to t's
 // storage offset, so any view of any storage works): for the kernels' own use,
 // never returned, like rows_at.

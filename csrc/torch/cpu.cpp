@@ -160,6 +160,56 @@ void host_gemm_layer(const char *op, const Tensor &x, const Tensor &w,
                op);
 }
 
+// The chain on the host-GEMM path: layer by layer through ATen's GEMM and our
+// pass, row chunk by row chunk (fmlp_cpu_host_chunk_rows) where the weights are
+// small, so that a chunk's activations stay in cache from one layer to the next.
+// Hidden activations go into `saved` where its layout keeps them (training),
+// else into two chunk-sized scratch buffers taken in turn.
+void host_chain(const char *op, const Tensor &x_rows, TensorList weights,
+                const std::vector<OptionalTensor> &b, const std::vector<int64_t> &widths,
+                fmlp_activation hidden, fmlp_activation final_activation,
+                const SavedChainLayout *layout, const Tensor &saved, const Tensor &y_rows,
+                const fmlp_threading &threading) {
+  const int64_t rows = x_rows.size(0), n_layers = static_cast<int64_t>(weights.size());
+  const int64_t chunk = fmlp_cpu_host_chunk_rows(kernel_dtype(x_rows.scalar_type()), rows,
+                                                 n_layers, widths.data(), threading.n_threads);
+  // where layout keeps layer l's output and pre-activation in saved; -1: not kept
+  const auto hidden_at = [&](int64_t l) { return layout ? layout->hidden_offset[l] : -1; };
+  const auto pre_at = [&](int64_t l) { return layout ? layout->pre_offset[l] : -1; };
+  int64_t scratch_width = 0;
+  for (int64_t l = 0; l + 1 < n_layers; ++l) {
+    if (hidden_at(l) < 0) scratch_width = std::max(scratch_width, widths[l + 1]);
+  }
+  const std::array<Tensor, 2> scratch =
+      scratch_width > 0 ? std::array<Tensor, 2>{empty({chunk * scratch_width}, x_rows),
+                                                empty({chunk * scratch_width}, x_rows)}
+                        : std::array<Tensor, 2>{};
+  const bool whole = chunk == rows;
+  for (int64_t first_row = 0; first_row < rows; first_row += chunk) {
+    const int64_t count = std::min(chunk, rows - first_row);
+    const auto rows_of = [&](const Tensor &t) { return whole ? t : row_range(t, first_row, count); };
+    // rows of layer l's block at `offset` in saved, or of scratch when not saved (-1)
+    const auto block_at = [&](int64_t offset, int64_t l) {
+      const int64_t width = widths[l + 1];
+      return offset >= 0 ? rows_at(saved, offset + first_row * width, count, width)
+                         : rows_at(scratch[l % 2], 0, count, width);
+    };
+    Tensor input = rows_of(x_rows);
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const bool last = l + 1 == n_layers;
+      const Tensor out = last ? rows_of(y_rows) : block_at(hidden_at(l), l);
+      const int64_t pre_offset = pre_at(l);
+      const OptionalTensor pre =
+          pre_offset >= 0 ? OptionalTensor(block_at(pre_offset, l)) : std::nullopt;
+      const ProfilerLabel label(
+          [&] { return n_layers > 1 ? layer_label(op, l) : std::string(op); });
+      host_gemm_layer(op, input, weights[l], b[l], last ? final_activation : hidden, pre, out,
+                      threading);
+      input = out;
+    }
+  }
+}
+
 // The gated block on the host-GEMM path: gate and up by ATen's GEMM into
 // block[0] and block[1], our pass (adding their biases where the GEMM did not)
 // forming block[2] = act(gate) * up (block[2] may be block[0]), then
@@ -227,10 +277,14 @@ struct CpuBackend {
                                               : packed_weights(weights, kernel_dtype(storage),
                                                                unit, rows, threading);
 
-    // Under a profiler (and on the host-GEMM path), run layer by layer so each
-    // layer gets its own event; otherwise one call runs row blocks through
-    // every layer.
-    const bool per_layer = n_layers > 1 && (profiler_records() || host);
+    if (host) {
+      host_chain(op, x_rows, weights, b, widths, hidden, final_activation,
+                 save ? &layout : nullptr, saved, y_rows, threading);
+      return {y, saved};
+    }
+    // Under a profiler, run layer by layer so each layer gets its own event;
+    // otherwise one call runs row blocks through every layer.
+    const bool per_layer = n_layers > 1 && profiler_records();
     Tensor input = x_rows;
     for (int64_t first = 0; first < n_layers; first += per_layer ? 1 : n_layers) {
       const int64_t count = per_layer ? 1 : n_layers;
@@ -275,16 +329,7 @@ struct CpuBackend {
       };
       const ProfilerLabel label(
           [&] { return per_layer ? layer_label(op, first) : std::string(op); });
-      if (host) {
-        const int64_t offset = save ? layout.pre_offset[first] : -1;
-        const int64_t width = widths[first + 1];
-        const OptionalTensor pre =
-            offset >= 0 ? OptionalTensor(rows_at(saved, offset, rows, width)) : std::nullopt;
-        host_gemm_layer(op, input, weights[first], b[first], args.final_activation, pre, out,
-                        threading);
-      } else {
-        check_status(fmlp_cpu_chain(&args, &threading), op);
-      }
+      check_status(fmlp_cpu_chain(&args, &threading), op);
       input = out;
     }
     return {y, saved};
