@@ -127,8 +127,8 @@ def test_mlp_and_its_gradients_match_eager(aten_path, generator):
     torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), [x, *weights]))
 
 
-# float64's biases go into our pass after ATen's GEMM, bfloat16's into ATen's GEMM (added
-# after its rounding, they would cancel to noise near zero: the bfloat16 ReLU case of
+# The biases go into ATen's GEMM, as eager's (in bfloat16, added after its rounding they
+# would cancel to noise near zero: the bfloat16 ReLU case of
 # test_linear_and_its_gradients_match_eager fails then)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_gated_with_biases_and_its_gradients_match_eager(aten_path, dtype, generator):
@@ -205,6 +205,19 @@ def test_the_profiler_shows_atens_gemm_inside_our_op(aten_path, monkeypatch, gen
     monkeypatch.delenv("FUSEDMLP_CPU_GEMM")  # the forced level alone: our kernels
     assert gemms_inside("fusedmlp::linear", linear) == 0
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_under_the_profiler_the_bias_gemm_is_atens_linear(aten_path, dtype, generator):
+    """A bias goes into ATen's GEMM, through the dispatcher's aten::linear.out (whose bias is
+    optional) while a profiler records: its addmm shows inside our op, and the output is
+    eager's."""
+    x = sample(16, 32, generator=generator, dtype=dtype)
+    weight = sample(48, 32, generator=generator, dtype=dtype)
+    bias = sample(48, generator=generator, dtype=dtype)
+    assert gemms_inside("fusedmlp::linear", lambda: fusedmlp.linear(x, weight, bias, "relu")) == 1
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        y = fusedmlp.linear(x, weight, bias, "relu")
+    torch.testing.assert_close(y, F.relu(F.linear(x, weight, bias)))
 
 
 # The chunks' size follows the L2 cache (csrc/cpu/host_chunks.c); these shapes hold for any
