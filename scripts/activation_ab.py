@@ -84,14 +84,14 @@ def build(unit: str, variant: Path, scratch: Path) -> list[ctypes.CDLL]:
 
 
 def forward(library: ctypes.CDLL, unit: str, name: str):
-    """(activation, x, out) -> None: the build's activation pass over x as one row, no bias,
-    serial (no threading)."""
+    """(activation, x, out) -> None: the build's activation pass over x, serial (no
+    threading)."""
     fn = getattr(library, f"fmlp_cpu_activation_forward_{unit}_{name}")
-    fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                   ctypes.c_void_p]
 
     def run(activation: int, x: torch.Tensor, out: torch.Tensor) -> None:
-        if fn(1, x.numel(), x.data_ptr(), None, activation, out.data_ptr(), None) != 0:
+        if fn(x.numel(), x.data_ptr(), activation, out.data_ptr(), None) != 0:
             raise RuntimeError(f"build {name}: activation pass failed")
 
     return run

@@ -127,6 +127,21 @@ def test_mlp_and_its_gradients_match_eager(aten_path, generator):
     torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), [x, *weights]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 16, 700])  # 700 x 96: the bias pass split into tasks
+def test_a_bias_gemm_makes_eagers_own_sums(aten_path, dtype, rows, generator):
+    """Our pass lays the bias over the output's rows and ATen's GEMM adds the product into
+    them: the sums eager's addmm makes, bit for bit, for one layer and a chain."""
+    x = sample(rows, 64, generator=generator, dtype=dtype)
+    weight = sample(96, 64, generator=generator, dtype=dtype)
+    bias = sample(96, generator=generator, dtype=dtype)
+    assert torch.equal(fusedmlp.linear(x, weight, bias), F.linear(x, weight, bias))
+    down = sample(64, 96, generator=generator, dtype=dtype)
+    bias_down = sample(64, generator=generator, dtype=dtype)
+    y = fusedmlp.mlp(x, [weight, down], [bias, bias_down], "relu")
+    assert torch.equal(y, F.linear(F.relu(F.linear(x, weight, bias)), down, bias_down))
+
+
 # The biases go into ATen's GEMM, as eager's (in bfloat16, added after its rounding they
 # would cancel to noise near zero: the bfloat16 ReLU case of
 # test_linear_and_its_gradients_match_eager fails then)

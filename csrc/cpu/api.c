@@ -17,10 +17,11 @@ typedef struct {
                                      void *, const fmlp_threading *);
   fmlp_status (*gated_backward)(int64_t, const void *, const void *, const void *,
                                 fmlp_activation, void *, void *, const fmlp_threading *);
-  fmlp_status (*activation_forward)(int64_t, int64_t, void *, const void *, fmlp_activation,
-                                    void *, const fmlp_threading *);
-  fmlp_status (*gated_product)(int64_t, int64_t, void *, const void *, void *, const void *,
-                               fmlp_activation, void *, const fmlp_threading *);
+  fmlp_status (*bias_rows)(int64_t, int64_t, const void *, void *, const fmlp_threading *);
+  fmlp_status (*activation_forward)(int64_t, const void *, fmlp_activation, void *,
+                                    const fmlp_threading *);
+  fmlp_status (*gated_product)(int64_t, const void *, const void *, fmlp_activation, void *,
+                               const fmlp_threading *);
   fmlp_status (*column_sums)(int64_t, int64_t, fmlp_input, void *, const fmlp_threading *);
   int64_t (*packed_weight_bytes)(int64_t, fmlp_input, int64_t, int64_t);
   fmlp_status (*pack_weight)(fmlp_input, int64_t, int64_t, void *, const fmlp_threading *);
@@ -62,6 +63,7 @@ static const precision_kernels kernel_units[DTYPE_SLOTS][FMLP_ISA_COUNT] = {
       UNIT(isa, fmlp_cpu_gated_block_backward_##suffix),                                       \
       UNIT(isa, fmlp_cpu_activation_backward_##suffix),                                        \
       UNIT(isa, fmlp_cpu_gated_backward_##suffix),                                             \
+      UNIT(isa, fmlp_cpu_bias_rows_##suffix),                                                  \
       UNIT(isa, fmlp_cpu_activation_forward_##suffix),                                         \
       UNIT(isa, fmlp_cpu_gated_product_##suffix),                                              \
       UNIT(isa, fmlp_cpu_column_sums_##suffix),                                                \
@@ -295,32 +297,35 @@ fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *gra
                                             grad_up, threading);
 }
 
-fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t rows, int64_t cols, void *pre,
-                                        const void *bias, fmlp_activation activation, void *out,
-                                        const fmlp_threading *threading) {
+fmlp_status fmlp_cpu_bias_rows(fmlp_dtype dtype, int64_t rows, int64_t cols, const void *bias,
+                               void *out, const fmlp_threading *threading) {
   int64_t count;
   const fmlp_status status = check_count(rows, cols, &count);
   if (status != FMLP_OK) return status;
-  if (!valid_dtype(dtype) || !valid_activation(activation) ||
-      (count > 0 && (pre == NULL || out == NULL))) {
+  if (!valid_dtype(dtype) || (count > 0 && (bias == NULL || out == NULL))) {
     return FMLP_ERR_INVALID_ARGUMENT;
   }
-  return kernels_for(dtype)->activation_forward(rows, cols, pre, bias, activation, out, threading);
+  return kernels_for(dtype)->bias_rows(rows, cols, bias, out, threading);
 }
 
-fmlp_status fmlp_cpu_gated_product(fmlp_dtype dtype, int64_t rows, int64_t cols, void *gate,
-                                   const void *bias_gate, void *up, const void *bias_up,
-                                   fmlp_activation activation, void *product,
-                                   const fmlp_threading *threading) {
-  int64_t count;
-  const fmlp_status status = check_count(rows, cols, &count);
-  if (status != FMLP_OK) return status;
-  if (!valid_dtype(dtype) || !valid_activation(activation) ||
-      (count > 0 && (gate == NULL || up == NULL || product == NULL))) {
+fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t n, const void *pre,
+                                        fmlp_activation activation, void *out,
+                                        const fmlp_threading *threading) {
+  if (!valid_dtype(dtype) || !valid_activation(activation) || n < 0 ||
+      (n > 0 && (pre == NULL || out == NULL))) {
     return FMLP_ERR_INVALID_ARGUMENT;
   }
-  return kernels_for(dtype)->gated_product(rows, cols, gate, bias_gate, up, bias_up, activation,
-                                           product, threading);
+  return kernels_for(dtype)->activation_forward(n, pre, activation, out, threading);
+}
+
+fmlp_status fmlp_cpu_gated_product(fmlp_dtype dtype, int64_t n, const void *gate, const void *up,
+                                   fmlp_activation activation, void *product,
+                                   const fmlp_threading *threading) {
+  if (!valid_dtype(dtype) || !valid_activation(activation) || n < 0 ||
+      (n > 0 && (gate == NULL || up == NULL || product == NULL))) {
+    return FMLP_ERR_INVALID_ARGUMENT;
+  }
+  return kernels_for(dtype)->gated_product(n, gate, up, activation, product, threading);
 }
 
 fmlp_status fmlp_cpu_column_sums(fmlp_dtype dtype, int64_t rows, int64_t cols, fmlp_input m,

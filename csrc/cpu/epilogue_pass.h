@@ -1,101 +1,89 @@
 /* The epilogue passes on their own (template: see real_template.h; included
- * by drivers.h): what the micro-kernels do to a tile after its K loop, over
- * a product the host framework's GEMM computed (FMLP_GEMM_HOST), in chunks
- * on the caller's threads. */
+ * by drivers.h): what the micro-kernels do to a tile before and after its K
+ * loop, over a whole product the host framework's GEMM computes
+ * (FMLP_GEMM_HOST), in chunks on the caller's threads. */
 
 #define EPILOGUE_CHUNK ((int64_t)1 << 14)
 
-/* A rows x cols product, contiguous; bias and bias_up (cols values each) NULL
- * for none. */
+/* One pass over n contiguous values. */
 typedef struct {
-  int64_t rows, cols;
-  STORE *pre, *up; /* up != NULL: the gated product */
-  const STORE *bias, *bias_up;
+  int64_t n;
+  int64_t cols;          /* the bias pass: values a row */
+  const STORE *bias;     /* the bias pass: the row it lays over each row */
+  const STORE *pre, *up; /* up != NULL: the gated product */
   STORE *out;
   fmlp_activation activation;
 } FN(epilogue_job);
 
-/* v = x + bias in REAL over n values, the sums rounded back into `keep` where
- * it is not NULL (a saved pre-activation the output does not overwrite); v = x
- * for bias NULL. */
-static void FN(biased_span)(const STORE *x, const STORE *bias, int64_t n, STORE *keep, REAL *v) {
-  for (int64_t j = 0; j < n; ++j) v[j] = to_real(x[j]);
-  if (bias == NULL) return;
-  for (int64_t j = 0; j < n; ++j) v[j] += to_real(bias[j]);
-  if (keep == NULL) return;
-  for (int64_t j = 0; j < n; ++j) keep[j] = to_store(v[j]);
+/* The end of chunks [begin, end): past the last value at most. */
+static int64_t FN(chunks_end)(const FN(epilogue_job) *job, int64_t end) {
+  return end * EPILOGUE_CHUNK < job->n ? end * EPILOGUE_CHUNK : job->n;
 }
 
-/* The job's values [at, at + n) of one row, from its column j0: biases added,
- * then out = act(pre) or act(gate) * up, formed in REAL a span at a time and
- * rounded once. */
-static void FN(epilogue_segment)(const FN(epilogue_job) *job, int64_t at, int64_t j0, int64_t n) {
+/* out's values in chunks [begin, end), each from the bias value of its column. */
+static void FN(bias_task)(void *context, int64_t begin, int64_t end) {
+  const FN(epilogue_job) *job = context;
+  const int64_t last = FN(chunks_end)(job, end);
+  for (int64_t at = begin * EPILOGUE_CHUNK; at < last;) {
+    const int64_t j0 = at % job->cols;
+    const int64_t count = job->cols - j0 < last - at ? job->cols - j0 : last - at;
+    memcpy(job->out + at, job->bias + j0, (size_t)count * sizeof(STORE));
+    at += count;
+  }
+}
+
+/* out = act(pre), or act(gate) * up, over chunks [begin, end): formed in REAL
+ * and rounded once. */
+static void FN(activation_task)(void *context, int64_t begin, int64_t end) {
+  const FN(epilogue_job) *job = context;
+  const int64_t first = begin * EPILOGUE_CHUNK, n = FN(chunks_end)(job, end) - first;
+  STORE *out = job->out + first;
+  if (job->up != NULL) {
+    FN(gate_product_row)(job->pre + first, job->up + first, n, job->activation, out);
+    return;
+  }
 #if STORE_IS_REAL
-  if (job->up == NULL && job->pre == job->out) {
-    /* in place, storage the accumulator: two sweeps over the segment where
-     * going through v took four */
-    STORE *out = job->out + at;
-    if (job->bias != NULL) {
-      const STORE *bias = job->bias + j0;
-      for (int64_t j = 0; j < n; ++j) out[j] += bias[j];
-    }
+  if (job->pre == job->out) { /* in place, storage the accumulator: one sweep */
     FN(activate_span)(out, n, job->activation);
     return;
   }
 #endif
   for (int64_t s = 0; s < n; s += GATE_PRODUCT_SPAN) {
     const int64_t count = n - s < GATE_PRODUCT_SPAN ? n - s : GATE_PRODUCT_SPAN;
-    STORE *pre = job->pre + at + s, *out = job->out + at + s;
-    REAL v[GATE_PRODUCT_SPAN], u[GATE_PRODUCT_SPAN];
-    FN(biased_span)(pre, job->bias != NULL ? job->bias + j0 + s : NULL, count,
-                    pre != out ? pre : NULL, v);
+    REAL v[GATE_PRODUCT_SPAN];
+    for (int64_t j = 0; j < count; ++j) v[j] = to_real(job->pre[first + s + j]);
     FN(activate_span)(v, count, job->activation);
-    if (job->up == NULL) {
-      for (int64_t j = 0; j < count; ++j) out[j] = to_store(v[j]);
-      continue;
-    }
-    STORE *up = job->up + at + s;
-    FN(biased_span)(up, job->bias_up != NULL ? job->bias_up + j0 + s : NULL, count,
-                    up != out ? up : NULL, u);
-    for (int64_t j = 0; j < count; ++j) out[j] = to_store(v[j] * u[j]);
+    for (int64_t j = 0; j < count; ++j) out[s + j] = to_store(v[j]);
   }
 }
 
-/* Chunks [begin, end) of EPILOGUE_CHUNK values, each walked a row's segment at
- * a time (the biases go by column). */
-static void FN(epilogue_task)(void *context, int64_t begin, int64_t end) {
-  const FN(epilogue_job) *job = context;
-  const int64_t n = job->rows * job->cols;
-  const int64_t last = end * EPILOGUE_CHUNK < n ? end * EPILOGUE_CHUNK : n;
-  for (int64_t at = begin * EPILOGUE_CHUNK; at < last;) {
-    const int64_t j0 = at % job->cols;
-    const int64_t count = job->cols - j0 < last - at ? job->cols - j0 : last - at;
-    FN(epilogue_segment)(job, at, j0, count);
-    at += count;
-  }
-}
-
-static fmlp_status FN(run_epilogue)(const FN(epilogue_job) *job,
+static fmlp_status FN(run_epilogue)(const FN(epilogue_job) *job, fmlp_task_fn task,
                                     const fmlp_threading *threading) {
-  const int64_t n = job->rows * job->cols; /* counted by the public entry */
-  FN(run_tasks)(FN(threading_for)(threading, n, PARALLEL_MIN_ELEMENTS),
-                (n + EPILOGUE_CHUNK - 1) / EPILOGUE_CHUNK, (void *)job, FN(epilogue_task));
+  FN(run_tasks)(FN(threading_for)(threading, job->n, PARALLEL_MIN_ELEMENTS),
+                (job->n + EPILOGUE_CHUNK - 1) / EPILOGUE_CHUNK, (void *)job, task);
   return FMLP_OK;
 }
 
-fmlp_status FN(fmlp_cpu_activation_forward)(int64_t rows, int64_t cols, void *pre,
-                                            const void *bias, fmlp_activation activation,
-                                            void *out, const fmlp_threading *threading) {
-  /* nothing to add or activate in place: the product is the output already */
-  if (bias == NULL && activation == FMLP_ACT_NONE && pre == out) return FMLP_OK;
-  const FN(epilogue_job) job = {rows, cols, pre, NULL, bias, NULL, out, activation};
-  return FN(run_epilogue)(&job, threading);
+fmlp_status FN(fmlp_cpu_bias_rows)(int64_t rows, int64_t cols, const void *bias, void *out,
+                                   const fmlp_threading *threading) {
+  const FN(epilogue_job) job = {.n = rows * cols, /* counted by the public entry */
+                                .cols = cols, .bias = bias, .out = out};
+  return FN(run_epilogue)(&job, FN(bias_task), threading);
 }
 
-fmlp_status FN(fmlp_cpu_gated_product)(int64_t rows, int64_t cols, void *gate,
-                                       const void *bias_gate, void *up, const void *bias_up,
+fmlp_status FN(fmlp_cpu_activation_forward)(int64_t n, const void *pre,
+                                            fmlp_activation activation, void *out,
+                                            const fmlp_threading *threading) {
+  /* nothing to activate in place: the product is the output already */
+  if (activation == FMLP_ACT_NONE && pre == out) return FMLP_OK;
+  const FN(epilogue_job) job = {.n = n, .pre = pre, .out = out, .activation = activation};
+  return FN(run_epilogue)(&job, FN(activation_task), threading);
+}
+
+fmlp_status FN(fmlp_cpu_gated_product)(int64_t n, const void *gate, const void *up,
                                        fmlp_activation activation, void *product,
                                        const fmlp_threading *threading) {
-  const FN(epilogue_job) job = {rows, cols, gate, up, bias_gate, bias_up, product, activation};
-  return FN(run_epilogue)(&job, threading);
+  const FN(epilogue_job) job = {
+      .n = n, .pre = gate, .up = up, .out = product, .activation = activation};
+  return FN(run_epilogue)(&job, FN(activation_task), threading);
 }

@@ -23,13 +23,14 @@
       int64_t n, const void *grad_product, const void *gate, const void *up,                    \
       fmlp_activation activation, void *grad_gate, void *grad_up,                               \
       const fmlp_threading *threading);                                                         \
-  fmlp_status fmlp_cpu_activation_forward_##suffix(                                             \
-      int64_t rows, int64_t cols, void *pre, const void *bias, fmlp_activation activation,      \
-      void *out, const fmlp_threading *threading);                                              \
-  fmlp_status fmlp_cpu_gated_product_##suffix(                                                  \
-      int64_t rows, int64_t cols, void *gate, const void *bias_gate, void *up,                  \
-      const void *bias_up, fmlp_activation activation, void *product,                           \
-      const fmlp_threading *threading);                                                         \
+  fmlp_status fmlp_cpu_bias_rows_##suffix(int64_t rows, int64_t cols, const void *bias,         \
+                                          void *out, const fmlp_threading *threading);          \
+  fmlp_status fmlp_cpu_activation_forward_##suffix(int64_t n, const void *pre,                  \
+                                                   fmlp_activation activation, void *out,       \
+                                                   const fmlp_threading *threading);            \
+  fmlp_status fmlp_cpu_gated_product_##suffix(int64_t n, const void *gate, const void *up,      \
+                                              fmlp_activation activation, void *product,        \
+                                              const fmlp_threading *threading);                 \
   fmlp_status fmlp_cpu_column_sums_##suffix(int64_t rows, int64_t cols, fmlp_input m,           \
                                             void *sums, const fmlp_threading *threading);       \
   int64_t fmlp_cpu_packed_weight_bytes_##suffix(int64_t rows, fmlp_input w, int64_t n,          \

@@ -51,8 +51,8 @@ fmlp_cpu_isa fmlp_cpu_isa_in_use(void);
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa);
 
 /* Where the CPU ops' matrix products run: our kernels, or the host
- * framework's GEMM (ATen) followed by our epilogue pass
- * (fmlp_cpu_activation_forward, fmlp_cpu_gated_product). */
+ * framework's GEMM (ATen) between our epilogue passes (fmlp_cpu_bias_rows,
+ * fmlp_cpu_activation_forward, fmlp_cpu_gated_product). */
 typedef enum { FMLP_GEMM_KERNELS = 0, FMLP_GEMM_HOST = 1 } fmlp_cpu_gemm;
 
 /* How many rows of a chain of n_layers layers (widths: n_layers + 1 entries,
@@ -239,18 +239,19 @@ fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *gra
                                     void *grad_gate, void *grad_up,
                                     const fmlp_threading *threading);
 
-/* The passes around a host GEMM (FMLP_GEMM_HOST), over a rows x cols product
- * with contiguous rows, a bias (cols values; NULL: none) added to each of its
- * rows in place first: pre += bias, then out = act(pre) (out may be pre); and
- * gate += bias_gate, up += bias_up, then product = act(gate) * up (product may
- * be gate or up, else overlaps neither; the one it overwrites gets no bias
- * stored). Each value is formed at the kernels' precision (float; double for
+/* The passes around a host GEMM (FMLP_GEMM_HOST). Before it, over a rows x
+ * cols product with contiguous rows: out's every row = bias (cols values),
+ * for the GEMM to add the product into (beta = 1), as the host's own addmm
+ * does. After it, over n contiguous values: out = act(pre) (out may be pre),
+ * and product = act(gate) * up (product may be gate or up, else overlaps
+ * neither), each value formed at the kernels' precision (float; double for
  * float64) and rounded once. */
-fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t rows, int64_t cols, void *pre,
-                                        const void *bias, fmlp_activation activation, void *out,
+fmlp_status fmlp_cpu_bias_rows(fmlp_dtype dtype, int64_t rows, int64_t cols, const void *bias,
+                               void *out, const fmlp_threading *threading);
+fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t n, const void *pre,
+                                        fmlp_activation activation, void *out,
                                         const fmlp_threading *threading);
-fmlp_status fmlp_cpu_gated_product(fmlp_dtype dtype, int64_t rows, int64_t cols, void *gate,
-                                   const void *bias_gate, void *up, const void *bias_up,
+fmlp_status fmlp_cpu_gated_product(fmlp_dtype dtype, int64_t n, const void *gate, const void *up,
                                    fmlp_activation activation, void *product,
                                    const fmlp_threading *threading);
 /* ... and the bias gradients: sums[j] = the sum of column j of m (rows x cols,
