@@ -257,6 +257,12 @@ Tensor reinterpreted(const Tensor &t, const std::array<int64_t, 2> &sizes,
 }  // namespace
 
 Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width) {
+  // A buffer that has that shape already (an op's 2-D output) is its own rows: a view
+  // would cost a TensorImpl and a handle each call.
+  if (offset == 0 && buffer.dim() == 2 && buffer.size(0) == rows && buffer.size(1) == width &&
+      buffer.is_contiguous()) {
+    return buffer;
+  }
   return reinterpreted(buffer, {rows, width}, {width, 1}, offset);
 }
 

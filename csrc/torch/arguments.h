@@ -35,11 +35,17 @@ inline constexpr std::array<const char *, FMLP_ACT_COUNT> kActivationNames = {
 };
 
 // The storage dtypes each device's kernels take (fusedmlp._C.device_dtypes()).
-inline std::vector<ScalarType> cpu_dtypes() {
-  return {ScalarType::Float, ScalarType::Double, ScalarType::BFloat16};
+// Constants built once: each op call checks x against them, and a fresh vector
+// was an allocation a call.
+inline const std::vector<ScalarType> &cpu_dtypes() {
+  static const std::vector<ScalarType> dtypes{ScalarType::Float, ScalarType::Double,
+                                              ScalarType::BFloat16};
+  return dtypes;
 }
-inline std::vector<ScalarType> cuda_dtypes() {
-  return {ScalarType::Float, ScalarType::Half, ScalarType::BFloat16};
+inline const std::vector<ScalarType> &cuda_dtypes() {
+  static const std::vector<ScalarType> dtypes{ScalarType::Float, ScalarType::Half,
+                                              ScalarType::BFloat16};
+  return dtypes;
 }
 
 // A size list as torch prints one: "[2, 3]".
@@ -116,7 +122,8 @@ Tensor empty(IntList shape, const Tensor &like);
 // rows x width at `offset` elements into `buffer`, a contiguous tensor of our
 // own making (storage offset 0), by the C shim's _reinterpret_tensor: no
 // dispatcher call, unlike narrow and view. The result shares buffer's storage
-// without being its autograd view: for the kernels' own use, never returned.
+// without being its autograd view (a buffer of that 2-D shape is itself the
+// result): for the kernels' own use, never returned.
 Tensor rows_at(const Tensor &buffer, int64_t offset, int64_t rows, int64_t width);
 
 // Rows [first, first + count) of the 2-D t, by the same shim call (any view of

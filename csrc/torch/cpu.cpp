@@ -188,10 +188,12 @@ void host_chain(const char *op, const Tensor &x_rows, TensorList weights,
   for (int64_t l = 0; l + 1 < n_layers; ++l) {
     if (hidden_at(l) < 0) scratch_width = std::max(scratch_width, widths[l + 1]);
   }
-  const std::array<Tensor, 2> scratch =
-      scratch_width > 0 ? std::array<Tensor, 2>{empty({chunk * scratch_width}, x_rows),
-                                                empty({chunk * scratch_width}, x_rows)}
-                        : std::array<Tensor, 2>{};
+  // optional: a default torch::stable::Tensor allocates a handle, which a chain
+  // without scratch (one layer, or every hidden activation saved) would only drop
+  const std::array<OptionalTensor, 2> scratch =
+      scratch_width > 0 ? std::array<OptionalTensor, 2>{empty({chunk * scratch_width}, x_rows),
+                                                        empty({chunk * scratch_width}, x_rows)}
+                        : std::array<OptionalTensor, 2>{};
   const bool whole = chunk == rows;
   for (int64_t first_row = 0; first_row < rows; first_row += chunk) {
     const int64_t count = std::min(chunk, rows - first_row);
@@ -200,7 +202,7 @@ void host_chain(const char *op, const Tensor &x_rows, TensorList weights,
     const auto block_at = [&](int64_t offset, int64_t l) {
       const int64_t width = widths[l + 1];
       return offset >= 0 ? rows_at(saved, offset + first_row * width, count, width)
-                         : rows_at(scratch[l % 2], 0, count, width);
+                         : rows_at(*scratch[l % 2], 0, count, width);
     };
     Tensor input = rows_of(x_rows);
     for (int64_t l = 0; l < n_layers; ++l) {
@@ -260,7 +262,7 @@ PackedWeights packed_weights(TensorList weights, fmlp_dtype dtype, fmlp_cpu_isa 
 }
 
 struct CpuBackend {
-  static std::vector<ScalarType> dtypes() { return cpu_dtypes(); }
+  static const std::vector<ScalarType> &dtypes() { return cpu_dtypes(); }
 
   static TensorPair chain(const char *op, const Tensor &x_rows,
                           const std::vector<int64_t> &y_shape, TensorList weights,

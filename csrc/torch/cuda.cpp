@@ -275,7 +275,7 @@ TensorPair stable(AtenPair pair) {
 }
 
 struct CudaBackend {
-  static std::vector<ScalarType> dtypes() { return cuda_dtypes(); }
+  static const std::vector<ScalarType> &dtypes() { return cuda_dtypes(); }
 
   static TensorPair chain(const char *op, const Tensor &x_rows,
                           const std::vector<int64_t> &y_shape, TensorList weights,
