@@ -193,6 +193,53 @@ def test_mlp_gradients_match_eager(aten_path, activation, bias, grad_x, generato
     )
 
 
+GRAD_LAYOUTS = {
+    "rows": lambda shape, g: torch.randn(shape, generator=g, dtype=torch.float64),
+    # a sum()'s gradient: one value, strides 0 (ATen's GEMM cannot read it as it is)
+    "expanded": lambda shape, g: torch.randn((), generator=g, dtype=torch.float64).expand(shape),
+    "column-major": lambda shape, g: torch.randn(
+        shape[::-1], generator=g, dtype=torch.float64
+    ).t(),
+    "every other column": lambda shape, g: torch.randn(
+        shape[0], 2 * shape[1], generator=g, dtype=torch.float64
+    )[:, ::2],
+}
+
+
+@pytest.mark.parametrize("layout", GRAD_LAYOUTS)
+@pytest.mark.parametrize("layers", [1, 3])
+def test_a_gradient_in_any_layout_gives_eagers_gradients(aten_path, layout, layers, generator):
+    """The host-GEMM path's chain_backward reads grad_y as it is where ATen's GEMM does and
+    copies it once otherwise; each activation's derivative goes in place into gradients of
+    its own, never into the caller's grad_y. One ReLU layer (the derivative reads grad_y)
+    and a three-layer chain (the last layer's GEMMs read it)."""
+    widths = (33, 40, 24, 17)[: layers + 1]
+    x = sample(29, widths[0], generator=generator, dtype=torch.float64)
+    parameters = []
+    for fan_in, fan_out in zip(widths, widths[1:]):
+        parameters += [sample(fan_out, fan_in, generator=generator, dtype=torch.float64),
+                       sample(fan_out, generator=generator, dtype=torch.float64)]
+    for parameter in parameters:
+        parameter.requires_grad_()
+    weights, biases = parameters[::2], parameters[1::2]
+    if layers == 1:
+        y = fusedmlp.linear(x, weights[0], biases[0], "relu")
+        expected = F.relu(F.linear(x, weights[0], biases[0]))
+    else:
+        y = fusedmlp.mlp(x, weights, biases, "relu")
+        expected = x
+        for index, (weight, bias) in enumerate(zip(weights, biases)):
+            expected = F.linear(expected, weight, bias)
+            expected = F.relu(expected) if index < layers - 1 else expected
+    grad_y = GRAD_LAYOUTS[layout](y.shape, generator)
+    kept = grad_y.clone()
+    torch.testing.assert_close(
+        torch.autograd.grad(y, parameters, grad_y),
+        torch.autograd.grad(expected, parameters, grad_y),
+    )
+    assert torch.equal(grad_y, kept)
+
+
 def gemms_inside(op: str, run) -> int:
     """How many aten::addmm / aten::mm events the profiler shows inside `op`'s event."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -17,7 +17,7 @@ typedef struct {
                                      void *, const fmlp_threading *);
   fmlp_status (*gated_backward)(int64_t, const void *, const void *, const void *,
                                 fmlp_activation, void *, void *, const fmlp_threading *);
-  fmlp_status (*bias_rows)(int64_t, int64_t, const void *, void *, const fmlp_threading *);
+  fmlp_status (*copy_rows)(int64_t, int64_t, fmlp_input, void *, const fmlp_threading *);
   fmlp_status (*activation_forward)(int64_t, const void *, fmlp_activation, void *,
                                     const fmlp_threading *);
   fmlp_status (*gated_product)(int64_t, const void *, const void *, fmlp_activation, void *,
@@ -63,7 +63,7 @@ static const precision_kernels kernel_units[DTYPE_SLOTS][FMLP_ISA_COUNT] = {
       UNIT(isa, fmlp_cpu_gated_block_backward_##suffix),                                       \
       UNIT(isa, fmlp_cpu_activation_backward_##suffix),                                        \
       UNIT(isa, fmlp_cpu_gated_backward_##suffix),                                             \
-      UNIT(isa, fmlp_cpu_bias_rows_##suffix),                                                  \
+      UNIT(isa, fmlp_cpu_copy_rows_##suffix),                                                  \
       UNIT(isa, fmlp_cpu_activation_forward_##suffix),                                         \
       UNIT(isa, fmlp_cpu_gated_product_##suffix),                                              \
       UNIT(isa, fmlp_cpu_column_sums_##suffix),                                                \
@@ -297,15 +297,15 @@ fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *gra
                                             grad_up, threading);
 }
 
-fmlp_status fmlp_cpu_bias_rows(fmlp_dtype dtype, int64_t rows, int64_t cols, const void *bias,
+fmlp_status fmlp_cpu_copy_rows(fmlp_dtype dtype, int64_t rows, int64_t cols, fmlp_input src,
                                void *out, const fmlp_threading *threading) {
   int64_t count;
   const fmlp_status status = check_count(rows, cols, &count);
   if (status != FMLP_OK) return status;
-  if (!valid_dtype(dtype) || (count > 0 && (bias == NULL || out == NULL))) {
+  if (!valid_dtype(dtype) || (count > 0 && (src.data == NULL || out == NULL))) {
     return FMLP_ERR_INVALID_ARGUMENT;
   }
-  return kernels_for(dtype)->bias_rows(rows, cols, bias, out, threading);
+  return kernels_for(dtype)->copy_rows(rows, cols, src, out, threading);
 }
 
 fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t n, const void *pre,

@@ -8,8 +8,8 @@
 /* One pass over n contiguous values. */
 typedef struct {
   int64_t n;
-  int64_t cols;          /* the bias pass: values a row */
-  const STORE *bias;     /* the bias pass: the row it lays over each row */
+  int64_t cols;          /* the copy pass: values a row */
+  fmlp_input src;        /* the copy pass: what it copies into rows */
   const STORE *pre, *up; /* up != NULL: the gated product */
   STORE *out;
   fmlp_activation activation;
@@ -20,14 +20,22 @@ static int64_t FN(chunks_end)(const FN(epilogue_job) *job, int64_t end) {
   return end * EPILOGUE_CHUNK < job->n ? end * EPILOGUE_CHUNK : job->n;
 }
 
-/* out's values in chunks [begin, end), each from the bias value of its column. */
-static void FN(bias_task)(void *context, int64_t begin, int64_t end) {
+/* out's values in chunks [begin, end), each from src's value at its row and
+ * column. */
+static void FN(copy_task)(void *context, int64_t begin, int64_t end) {
   const FN(epilogue_job) *job = context;
+  const fmlp_input src = job->src;
   const int64_t last = FN(chunks_end)(job, end);
   for (int64_t at = begin * EPILOGUE_CHUNK; at < last;) {
     const int64_t j0 = at % job->cols;
     const int64_t count = job->cols - j0 < last - at ? job->cols - j0 : last - at;
-    memcpy(job->out + at, job->bias + j0, (size_t)count * sizeof(STORE));
+    const STORE *from = (const STORE *)src.data + at / job->cols * src.row_stride +
+                        j0 * src.col_stride;
+    if (src.col_stride == 1) {
+      memcpy(job->out + at, from, (size_t)count * sizeof(STORE));
+    } else {
+      for (int64_t j = 0; j < count; ++j) job->out[at + j] = from[j * src.col_stride];
+    }
     at += count;
   }
 }
@@ -64,11 +72,11 @@ static fmlp_status FN(run_epilogue)(const FN(epilogue_job) *job, fmlp_task_fn ta
   return FMLP_OK;
 }
 
-fmlp_status FN(fmlp_cpu_bias_rows)(int64_t rows, int64_t cols, const void *bias, void *out,
+fmlp_status FN(fmlp_cpu_copy_rows)(int64_t rows, int64_t cols, fmlp_input src, void *out,
                                    const fmlp_threading *threading) {
   const FN(epilogue_job) job = {.n = rows * cols, /* counted by the public entry */
-                                .cols = cols, .bias = bias, .out = out};
-  return FN(run_epilogue)(&job, FN(bias_task), threading);
+                                .cols = cols, .src = src, .out = out};
+  return FN(run_epilogue)(&job, FN(copy_task), threading);
 }
 
 fmlp_status FN(fmlp_cpu_activation_forward)(int64_t n, const void *pre,

@@ -23,8 +23,8 @@
       int64_t n, const void *grad_product, const void *gate, const void *up,                    \
       fmlp_activation activation, void *grad_gate, void *grad_up,                               \
       const fmlp_threading *threading);                                                         \
-  fmlp_status fmlp_cpu_bias_rows_##suffix(int64_t rows, int64_t cols, const void *bias,         \
-                                          void *out, const fmlp_threading *threading);          \
+  fmlp_status fmlp_cpu_copy_rows_##suffix(int64_t rows, int64_t cols, fmlp_input src, void *out, \
+                                          const fmlp_threading *threading);                     \
   fmlp_status fmlp_cpu_activation_forward_##suffix(int64_t n, const void *pre,                  \
                                                    fmlp_activation activation, void *out,       \
                                                    const fmlp_threading *threading);            \

@@ -295,8 +295,9 @@ static void *copy_of(fmlp_dtype dtype, const void *data, int64_t n) {
 
 /* The passes around a host GEMM, against the reference, split into tasks (past the
  * passes' parallel threshold) whose chunks end inside rows, with a ragged last chunk:
- * the bias laid over every row; act(pre) out of place, leaving pre as it was, and in
- * place; act(gate) * up out of place, then over gate. */
+ * rows copied from the bias (row stride 0) and from a column-major matrix; act(pre)
+ * out of place, leaving pre as it was, and in place; act(gate) * up out of place, then
+ * over gate. */
 static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act,
                                  const fmlp_threading *threading) {
   enum { rows = 3, cols = 87383, n = rows * cols };
@@ -304,12 +305,17 @@ static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act
   void *pre_data = make_matrix(dtype, rows, cols, 0, 50, &unused);
   void *up_data = make_matrix(dtype, rows, cols, 0, 51, &unused);
   void *bias = make_matrix(dtype, 1, cols, 0, 52, &unused);
+  fmlp_input column_major;
+  void *columns = make_matrix(dtype, rows, cols, 1, 53, &column_major);
   void *pre = copy_of(dtype, pre_data, n), *in_place = copy_of(dtype, pre_data, n);
   void *gate = copy_of(dtype, pre_data, n), *over_gate = copy_of(dtype, pre_data, n);
   void *up = copy_of(dtype, up_data, n), *biased = copy_of(dtype, pre_data, n);
   void *out = malloc(n * elem_size(dtype)), *product = malloc(n * elem_size(dtype));
+  void *copied = malloc(n * elem_size(dtype));
   const int before = t->failed;
-  if (fmlp_cpu_bias_rows(dtype, rows, cols, bias, biased, threading) != FMLP_OK ||
+  if (fmlp_cpu_copy_rows(dtype, rows, cols, (fmlp_input){bias, 0, 1}, biased, threading) !=
+          FMLP_OK ||
+      fmlp_cpu_copy_rows(dtype, rows, cols, column_major, copied, threading) != FMLP_OK ||
       fmlp_cpu_activation_forward(dtype, n, pre, act, out, threading) != FMLP_OK ||
       fmlp_cpu_activation_forward(dtype, n, in_place, act, in_place, threading) != FMLP_OK ||
       fmlp_cpu_gated_product(dtype, n, gate, up, act, product, threading) != FMLP_OK ||
@@ -322,6 +328,8 @@ static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act
     const double z = element(dtype, pre_data, i), u = element(dtype, up_data, i);
     const double want = reference_activation(z, act);
     check_close(t, "bias rows", element(dtype, biased, i), element(dtype, bias, i % cols), 0);
+    check_close(t, "rows copied", element(dtype, copied, i),
+                element(dtype, columns, i / cols + i % cols * rows), 0);
     check_close(t, "activation forward", element(dtype, out, i), want, tol);
     check_close(t, "activation forward: pre as it was", element(dtype, pre, i), z, 0);
     check_close(t, "activation forward in place", element(dtype, in_place, i), want, tol);
@@ -331,8 +339,8 @@ static void test_epilogue_passes(tally *t, fmlp_dtype dtype, fmlp_activation act
     check_close(t, "gated product over gate", element(dtype, over_gate, i), want * u, tol);
   }
   if (t->failed == before) t->passed++;
-  void *buffers[] = {pre_data, up_data, bias, pre, in_place, gate, over_gate, up, biased,
-                     out, product};
+  void *buffers[] = {pre_data, up_data, bias, columns, pre, in_place, gate, over_gate, up,
+                     biased, copied, out, product};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) free(buffers[i]);
 }
 

@@ -51,7 +51,7 @@ fmlp_cpu_isa fmlp_cpu_isa_in_use(void);
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa);
 
 /* Where the CPU ops' matrix products run: our kernels, or the host
- * framework's GEMM (ATen) between our epilogue passes (fmlp_cpu_bias_rows,
+ * framework's GEMM (ATen) between our epilogue passes (fmlp_cpu_copy_rows,
  * fmlp_cpu_activation_forward, fmlp_cpu_gated_product). */
 typedef enum { FMLP_GEMM_KERNELS = 0, FMLP_GEMM_HOST = 1 } fmlp_cpu_gemm;
 
@@ -227,7 +227,8 @@ typedef struct {
 fmlp_status fmlp_cpu_gated_block_backward(const fmlp_cpu_gated_block_backward_args *args,
                                           const fmlp_threading *threading);
 
-/* grad_pre = grad_out * act'(pre), elementwise over n contiguous values. */
+/* grad_pre = grad_out * act'(pre), elementwise over n contiguous values
+ * (grad_pre may be grad_out). */
 fmlp_status fmlp_cpu_activation_backward(fmlp_dtype dtype, int64_t n, const void *grad_out,
                                          const void *pre, fmlp_activation activation,
                                          void *grad_pre, const fmlp_threading *threading);
@@ -239,14 +240,16 @@ fmlp_status fmlp_cpu_gated_backward(fmlp_dtype dtype, int64_t n, const void *gra
                                     void *grad_gate, void *grad_up,
                                     const fmlp_threading *threading);
 
-/* The passes around a host GEMM (FMLP_GEMM_HOST). Before it, over a rows x
- * cols product with contiguous rows: out's every row = bias (cols values),
- * for the GEMM to add the product into (beta = 1), as the host's own addmm
- * does. After it, over n contiguous values: out = act(pre) (out may be pre),
+/* The passes around a host GEMM (FMLP_GEMM_HOST). Before it: out (rows x
+ * cols, contiguous rows, apart from src) = src, in any strides (0 included):
+ * the bias laid over every row (row stride 0) for the GEMM to add the
+ * product into (beta = 1), as the host's own addmm does; a gradient the GEMM
+ * cannot read as it is (a sum()'s, expanded from one value), copied once.
+ * After it, over n contiguous values: out = act(pre) (out may be pre),
  * and product = act(gate) * up (product may be gate or up, else overlaps
  * neither), each value formed at the kernels' precision (float; double for
  * float64) and rounded once. */
-fmlp_status fmlp_cpu_bias_rows(fmlp_dtype dtype, int64_t rows, int64_t cols, const void *bias,
+fmlp_status fmlp_cpu_copy_rows(fmlp_dtype dtype, int64_t rows, int64_t cols, fmlp_input src,
                                void *out, const fmlp_threading *threading);
 fmlp_status fmlp_cpu_activation_forward(fmlp_dtype dtype, int64_t n, const void *pre,
                                         fmlp_activation activation, void *out,
