@@ -222,6 +222,23 @@ def test_emulated_cpu_environment_is_the_childs_and_only_the_childs() -> None:
     assert environment_matches(emulation, environment)
 
 
+def test_emulate_cpu_portable_runs_the_path_such_a_cpu_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As an x86 CPU without AVX2: torch's ATen kernels at their DEFAULT level, and fused on the
+    path the registry gives a level not measured to beat eager, ATen's GEMM with our portable
+    epilogue, whatever the parent's environment forced."""
+    monkeypatch.setenv("FUSEDMLP_ISA", "avx2")
+    result = run_bench(tmp_path, "--emulate-cpu", "portable", "--cases", "small_batch",
+                       "--no-compile")
+    machine = json.loads((tmp_path / "bench.json").read_text())["machine"]
+    assert machine["emulated_cpu"] == "portable" and machine["cpu_isa"] == "aten+portable"
+    assert machine["torch_cpu_capability"] == "DEFAULT"
+    assert ("emulated portable CPU: fused and eager both limited (FUSEDMLP_ISA=portable, "
+            "FUSEDMLP_CPU_GEMM=aten, MKL_ENABLE_INSTRUCTIONS=SSE4_2, ONEDNN_MAX_CPU_ISA=SSE41, "
+            "ATEN_CPU_CAPABILITY=default)" in result.stdout)
+
+
 @pytest.mark.skipif(not any(isa.name == "avx2" and isa.supported for isa in cpu_isas()),
                     reason="emulating an AVX2 CPU takes a CPU with AVX2")
 def test_emulate_cpu_avx2_limits_fused_and_torch(tmp_path: Path,

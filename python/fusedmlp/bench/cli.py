@@ -3,7 +3,7 @@
     python -m fusedmlp.bench [--device cpu|cuda] [--dtype float32] [--quick] [--out DIR]
                              [--cases a,b] [--no-compile] [--no-compile-max]
                              [--min-run-time S] [--rounds N] [--threads N]
-                             [--emulate-cpu avx2] [--weight-cache MIB]
+                             [--emulate-cpu avx2|portable] [--weight-cache MIB]
 
 Variants: eager, torch.compile (default mode), compile-max (inference cases only:
 torch.compile with mode="max-autotune" and Inductor freezing, which lets Inductor treat the
@@ -27,6 +27,8 @@ start (the best of three windows) for reference; on an idle machine the samples 
 same.
 --emulate-cpu avx2 runs the sweep as an AVX2-only CPU would (emulate.py): our kernels and
 torch's (MKL, oneDNN, ATen) limited to AVX2, in a child process, against the AVX2 FMA peak.
+--emulate-cpu portable runs it as an x86 CPU without AVX2 would: torch limited to its lowest
+paths, fused on the path such a CPU takes (ATen's GEMM, our portable epilogue).
 --weight-cache MIB sets FUSEDMLP_WEIGHT_CACHE_MB for the run: fused's inference calls then read
 their weights packed once (off by default), as compile-max's freezing reads them as constants.
 """

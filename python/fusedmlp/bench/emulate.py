@@ -12,6 +12,13 @@ AVX2's FMA peak is half of AVX-512's. An AVX2-only CPU is emulated by limiting t
 - ATEN_CPU_CAPABILITY: ATen's vectorised kernels (torch.backends.cpu.get_cpu_capability()),
   which Inductor's generated code follows too.
 
+An x86 CPU without AVX2 (`portable`) is emulated the same way, torch limited to its lowest
+paths (MKL's SSE4.2, oneDNN's SSE4.1, ATen's DEFAULT kernels). FUSEDMLP_ISA=portable alone would
+force our portable kernels; such a CPU runs by default what the registry gives a level not
+measured to beat eager, ATen's GEMM with our portable epilogue (README), so the emulation names
+that path (FUSEDMLP_CPU_GEMM=aten). MKL follows MKL_ENABLE_INSTRUCTIONS on Intel CPUs only: on
+others (AMD) its generic path keeps its AVX2 GEMMs, for eager and for that path alike.
+
 Each library reads its variable once, when it loads or first runs, so the bench runs itself
 again in a child process with them set (child_command), and the child, finding them in place
 (environment_matches), runs the sweep."""
@@ -43,6 +50,17 @@ EMULATIONS = {
             "ATEN_CPU_CAPABILITY": "avx2",
         },
         "AVX2",
+    ),
+    "portable": Emulation(
+        "portable",
+        {
+            "FUSEDMLP_ISA": "portable",
+            "FUSEDMLP_CPU_GEMM": "aten",
+            "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+            "ONEDNN_MAX_CPU_ISA": "SSE41",
+            "ATEN_CPU_CAPABILITY": "default",
+        },
+        "DEFAULT",
     ),
 }
 
