@@ -226,16 +226,18 @@ def test_emulate_cpu_portable_runs_the_path_such_a_cpu_takes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As an x86 CPU without AVX2: torch's ATen kernels at their DEFAULT level, and fused on the
-    path the registry gives a level not measured to beat eager, ATen's GEMM with our portable
-    epilogue, whatever the parent's environment forced."""
+    path the registry gives a level not measured to beat eager (ATen's GEMM with our portable
+    epilogue, our kernels for inference calls of a few rows), whatever the parent's environment
+    forced."""
     monkeypatch.setenv("FUSEDMLP_ISA", "avx2")
+    monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
     result = run_bench(tmp_path, "--emulate-cpu", "portable", "--cases", "small_batch",
                        "--no-compile")
     machine = json.loads((tmp_path / "bench.json").read_text())["machine"]
     assert machine["emulated_cpu"] == "portable" and machine["cpu_isa"] == "aten+portable"
     assert machine["torch_cpu_capability"] == "DEFAULT"
     assert ("emulated portable CPU: fused and eager both limited (FUSEDMLP_ISA=portable, "
-            "FUSEDMLP_CPU_GEMM=aten, MKL_ENABLE_INSTRUCTIONS=SSE4_2, ONEDNN_MAX_CPU_ISA=SSE41, "
+            "FUSEDMLP_CPU_GEMM=auto, MKL_ENABLE_INSTRUCTIONS=SSE4_2, ONEDNN_MAX_CPU_ISA=SSE41, "
             "ATEN_CPU_CAPABILITY=default)" in result.stdout)
 
 
@@ -247,7 +249,7 @@ def test_emulate_cpu_avx2_limits_fused_and_torch(tmp_path: Path,
     kernels, torch's CPU capability and MKL's code path (its verbose banner) say AVX2, and the
     peak is AVX2's FMA loop."""
     monkeypatch.setenv("MKL_VERBOSE", "1")
-    monkeypatch.delenv("FUSEDMLP_CPU_GEMM", raising=False)  # an AVX2 CPU's default: our kernels
+    monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")  # the child chooses as an AVX2 CPU would
     result = run_bench(tmp_path, "--emulate-cpu", "avx2", "--cases", "large_gemm", "--no-compile")
     machine = json.loads((tmp_path / "bench.json").read_text())["machine"]
     assert machine["emulated_cpu"] == "avx2" and machine["cpu_isa"] == "avx2"
@@ -256,8 +258,8 @@ def test_emulate_cpu_avx2_limits_fused_and_torch(tmp_path: Path,
     assert loop is not None and loop.compile_flags == ("-mavx2", "-mfma")
     assert machine["peak_kind"] in (loop.kind, None)  # None: no C compiler
     assert ("emulated avx2 CPU: fused and eager both limited (FUSEDMLP_ISA=avx2, "
-            "MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2)"
-            in result.stdout)
+            "FUSEDMLP_CPU_GEMM=auto, MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2, "
+            "ATEN_CPU_CAPABILITY=avx2)" in result.stdout)
     if torch.backends.mkl.is_available():
         # On an Intel CPU the banner names MKL's instruction-set path; on others (AMD) MKL takes
         # its generic path, no wider than AVX2, and names none.

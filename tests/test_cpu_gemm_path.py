@@ -268,6 +268,58 @@ def test_the_profiler_shows_atens_gemm_inside_our_op(aten_path, monkeypatch, gen
     assert gemms_inside("fusedmlp::linear", linear) == 0
 
 
+@pytest.fixture
+def portable_default(monkeypatch) -> None:
+    """What an x86 CPU without AVX2 runs by default: FUSEDMLP_CPU_GEMM=auto makes the forced
+    portable level only a limit, the registry choosing the path at it."""
+    monkeypatch.setenv("FUSEDMLP_ISA", "portable")
+    monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "auto")
+    assert _C.cpu_isa() == "aten+portable"
+
+
+def test_auto_lets_the_registry_choose_at_a_forced_level(monkeypatch):
+    monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "auto")
+    for isa in (isa for isa in cpu_isas() if isa.supported):
+        monkeypatch.setenv("FUSEDMLP_ISA", isa.name)
+        measured = isa.name in ("avx2", "avx512", "avx512_bf16", "avx512_amx")  # FMLP_BEATS_EAGER
+        assert _C.cpu_isa() == (isa.name if measured else f"aten+{isa.name}"), isa.name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_few_rows_of_inference_run_our_kernels_where_gemms_run_in_aten(
+    portable_default, monkeypatch, dtype, generator
+):
+    """Up to 4 rows, an inference call reads each weight once in our kernels (a product bound
+    by reading the weights) where the GEMMs otherwise run in ATen by default; more rows, a
+    training call, a weight the unit would pack (float64's scalar unit packs all) or
+    FUSEDMLP_CPU_GEMM=aten keep ATen's GEMM. Outputs are eager's either way."""
+    ours = dtype != torch.float64
+    weight = sample(48, 32, generator=generator, dtype=dtype)
+    w_up = sample(48, 32, generator=generator, dtype=dtype)
+    w_down = sample(32, 48, generator=generator, dtype=dtype)
+
+    def gemms(rows: int, w: torch.Tensor = weight) -> int:
+        x = sample(rows, 32, generator=generator, dtype=dtype)
+        expected = F.gelu(F.linear(x.double(), w.double()))
+        assert_matches_reference(fusedmlp.linear(x, w, None, "gelu"), expected)
+        return gemms_inside("fusedmlp::linear", lambda: fusedmlp.linear(x, w, None, "gelu"))
+
+    assert gemms(1) == gemms(4) == (0 if ours else 1)
+    assert gemms(5) == 1
+    assert gemms(4, weight.t().contiguous().t()) == 1  # columns apart: the unit would pack it
+    x = sample(2, 32, generator=generator, dtype=dtype)
+    gated = lambda: fusedmlp.gated_mlp(x, weight, w_up, w_down, "silu")  # noqa: E731
+    assert gemms_inside("fusedmlp::gated_mlp", gated) == (0 if ours else 3)
+    expected = F.linear(F.silu(F.linear(x.double(), weight.double())) *
+                        F.linear(x.double(), w_up.double()), w_down.double())
+    assert_matches_reference(gated(), expected)
+    training = weight.detach().requires_grad_()
+    train = lambda: fusedmlp.linear(x, training, None, "gelu")  # noqa: E731
+    assert gemms_inside("fusedmlp::linear_train", train) == 1
+    monkeypatch.setenv("FUSEDMLP_CPU_GEMM", "aten")
+    assert gemms(1) == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_under_the_profiler_the_bias_gemm_is_atens_linear(aten_path, dtype, generator):
     """A bias goes into ATen's GEMM, through the dispatcher's aten::linear.out (whose bias is

@@ -129,11 +129,16 @@ fmlp_cpu_isa fmlp_cpu_isa_in_use(void) {
   return forced_isa(&isa) ? isa : fmlp_cpu_isa_best();
 }
 
-fmlp_cpu_gemm fmlp_cpu_gemm_in_use(fmlp_dtype dtype) {
+/* Whether the environment variable FUSEDMLP_CPU_GEMM is `value`. */
+static int gemm_choice_is(const char *value) {
   const char *gemm = getenv("FUSEDMLP_CPU_GEMM");
-  if (gemm != NULL && strcmp(gemm, "aten") == 0) return FMLP_GEMM_HOST;
+  return gemm != NULL && strcmp(gemm, value) == 0;
+}
+
+fmlp_cpu_gemm fmlp_cpu_gemm_in_use(fmlp_dtype dtype) {
+  if (gemm_choice_is("aten")) return FMLP_GEMM_HOST;
   fmlp_cpu_isa isa;
-  if (forced_isa(&isa)) return FMLP_GEMM_KERNELS;
+  if (!gemm_choice_is("auto") && forced_isa(&isa)) return FMLP_GEMM_KERNELS;
   /* The unit this dtype runs, not the CPU's best level: a measured level
    * speaks only for the units built for it (float64 on an AVX2 CPU still
    * runs its portable unit), and an unmeasured level above a measured one
@@ -143,6 +148,48 @@ fmlp_cpu_gemm fmlp_cpu_gemm_in_use(fmlp_dtype dtype) {
   if (unit == FMLP_ISA_##id) return FMLP_GEMM_KERNELS;
 #include "fusedmlp/cpu_isas.def"
   return FMLP_GEMM_HOST;
+}
+
+/* Up to this many rows an inference op on the host-GEMM path runs our kernels
+ * (fmlp_cpu_inference_gemm). Such products are bound by reading the weights,
+ * not by the multiplies, so the vector width matters little there: ours read
+ * each weight once in place, activation and gate-and-up product in registers,
+ * where ATen multiplies layer after layer and gate and up apart. Measured on
+ * Zen 4 with torch limited as on an x86 CPU without AVX2 (`--emulate-cpu
+ * portable`'s environment; MKL ignores its part on AMD and keeps AVX-512), 2
+ * threads, medians of 15-31 alternating rounds in one process, our portable
+ * unit / ATen's GEMM with our epilogue, each over eager, float32: 768 -> 3072
+ * GELU(tanh) at 1, 2, 4 rows 0.59-0.73 / 0.85-0.90, 0.47 / 0.89, 0.45-0.54 /
+ * 0.82; the GeGLU block 768 -> 3072 -> 768 at 1 and 4 rows 0.49-0.55 /
+ * 0.99-1.01, 0.48-0.51 / 0.94-0.98; 256^4 ReLU at 1 and 4 rows 0.83-0.85 /
+ * 0.87-0.89, 0.71-0.72 / 0.85-0.89; 1024^3 GELU at 1 row 0.62-0.66 / 0.89-0.90;
+ * 4096 -> 4096 SiLU at 1 row 0.66-0.67 / 1.03-1.04. bfloat16 at 2-4 rows
+ * 0.33-0.71 against 0.87-1.00, at 1 row 0.63-1.05 against 0.84-1.02. At 8 rows
+ * ours still won with large weights (0.74-0.80 against 0.83-0.96) but not with
+ * the 256^4 chain's, which stay in cache (0.98 against 0.84), and at 16 they
+ * lost (1.00-1.10 against 0.72-0.96). Training calls (the forward that saves
+ * for backward, and the backward) ran mixed at these rows and keep ATen's. */
+#define INFERENCE_KERNEL_MAX_ROWS 4
+
+fmlp_cpu_gemm fmlp_cpu_inference_gemm(fmlp_dtype dtype, int64_t rows, int64_t n_weights,
+                                      const fmlp_input *weights) {
+  const fmlp_cpu_gemm gemm = fmlp_cpu_gemm_in_use(dtype);
+  if (gemm == FMLP_GEMM_KERNELS || gemm_choice_is("aten") || rows < 1 ||
+      rows > INFERENCE_KERNEL_MAX_ROWS || n_weights < 0 || (n_weights > 0 && weights == NULL)) {
+    return gemm;
+  }
+  const fmlp_cpu_isa unit = fmlp_cpu_unit_isa(dtype);
+  for (int64_t i = 0; i < n_weights; ++i) {
+    /* a 1 x 1 corner of the weight, with its strides: packed_weight_bytes is
+     * 0 exactly where the unit reads a weight of these strides in place at
+     * these rows, whatever its sizes (cpu.h) */
+    int64_t bytes;
+    if (fmlp_cpu_packed_weight_bytes(dtype, unit, rows, weights[i], 1, 1, &bytes) != FMLP_OK ||
+        bytes != 0) {
+      return gemm;
+    }
+  }
+  return FMLP_GEMM_KERNELS;
 }
 
 const char *fmlp_cpu_isa_name(fmlp_cpu_isa isa) {

@@ -241,6 +241,20 @@ void host_gemm_gated(const char *op, const Tensor &x, const std::array<Tensor, 3
   host_gemm_layer(op, block[2], w[2], b[2], FMLP_ACT_NONE, std::nullopt, y, threading);
 }
 
+// Whether an op in `dtype` over `rows` rows of `weights` runs its products in ATen (the
+// host-GEMM path): the dtype's path (fmlp_cpu_gemm_in_use), which a training call keeps
+// so that its backward runs where its forward ran; an inference call's few rows may run
+// our kernels on that path (fmlp_cpu_inference_gemm).
+bool runs_host_gemm(fmlp_dtype dtype, int64_t rows, TensorList weights, bool save) {
+  if (fmlp_cpu_gemm_in_use(dtype) != FMLP_GEMM_HOST) return false;
+  if (save) return true;
+  std::vector<fmlp_input> inputs;
+  inputs.reserve(weights.size());
+  for (const Tensor &w : weights) inputs.push_back(input_of(w));
+  return fmlp_cpu_inference_gemm(dtype, rows, static_cast<int64_t>(inputs.size()),
+                                 inputs.data()) == FMLP_GEMM_HOST;
+}
+
 // The weights of an inference call packed once, from the cache (weight_cache.h),
 // each entry nullptr where the kernels pack it themselves; `data` empty for none.
 // Training calls never take them: their weights change every step.
@@ -279,7 +293,7 @@ struct CpuBackend {
     // The inference ops return y alone: their `saved` is never allocated.
     const Tensor saved = save ? empty({layout.total}, options) : Tensor();
     const fmlp_threading threading = aten_threading();
-    const bool host = fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST;
+    const bool host = runs_host_gemm(kernel_dtype(storage), rows, weights, save);
     const fmlp_cpu_isa unit = fmlp_cpu_unit_isa(kernel_dtype(storage));
     const PackedWeights packed = save || host ? PackedWeights{}
                                               : packed_weights(weights, kernel_dtype(storage),
@@ -361,7 +375,8 @@ struct CpuBackend {
       return rows_at(saved, i * rows * hidden, rows, hidden);
     };
     const fmlp_threading threading = aten_threading();
-    if (fmlp_cpu_gemm_in_use(kernel_dtype(storage)) == FMLP_GEMM_HOST) {
+    const std::vector<Tensor> weights = {w_gate, w_up, w_down};
+    if (runs_host_gemm(kernel_dtype(storage), rows, weights, save)) {
       // gate, up, product: saved, or scratch, the product then over the gate (inference
       // keeps two hidden matrices, not three: less than eager's act(gate), up, product)
       const auto block = [&](int64_t i) {
@@ -374,8 +389,8 @@ struct CpuBackend {
     }
     const fmlp_cpu_isa unit = fmlp_cpu_unit_isa(kernel_dtype(storage));
     PackedWeights packed = save ? PackedWeights{}
-                                : packed_weights(std::vector<Tensor>{w_gate, w_up, w_down},
-                                                 kernel_dtype(storage), unit, rows, threading);
+                                : packed_weights(weights, kernel_dtype(storage), unit, rows,
+                                                 threading);
     if (!packed.data.empty() && (packed.data[0] == nullptr) != (packed.data[1] == nullptr)) {
       packed.data[0] = packed.data[1] = nullptr;  // the kernel reads gate and up alike
     }

@@ -173,7 +173,7 @@ static const char kCpuIsaDoc[] =
     "supports. 'aten+<isa>': the ops' GEMMs in `dtype` (a name of device_dtypes()['cpu'], "
     "float32 by default) run in ATen, each followed by our epilogue pass in the dtype's kernel "
     "unit at or below <isa> (the default where that unit is at no level measured to beat eager, "
-    "or FUSEDMLP_CPU_GEMM=aten).";
+    "inference calls of up to 4 rows aside, or FUSEDMLP_CPU_GEMM=aten).";
 
 // Sets a thread's flag to value's truth; returns what it was.
 static PyObject *swap_flag(bool &flag, PyObject *value) {

@@ -59,6 +59,6 @@ HOST_GEMM_PREFIX = "aten+"  # _C.cpu_isa(dtype)'s answer starts so where the GEM
 def cpu_gemm_in_aten(dtype: torch.dtype = torch.float32) -> bool:
     """Whether the CPU ops' GEMMs in `dtype` run in ATen, each followed by our epilogue pass:
     the default where the dtype's kernel unit is at no level measured to beat eager (float64
-    everywhere, every dtype on a CPU without AVX2), or FUSEDMLP_CPU_GEMM=aten
-    (_C.cpu_isa(dtype) then says "aten+<isa>")."""
+    everywhere, every dtype on a CPU without AVX2; inference calls of up to 4 rows aside), or
+    FUSEDMLP_CPU_GEMM=aten (_C.cpu_isa(dtype) then says "aten+<isa>")."""
     return _C.cpu_isa(str(dtype).removeprefix("torch.")).startswith(HOST_GEMM_PREFIX)

@@ -375,7 +375,9 @@ static void test_column_sums(tally *t, fmlp_dtype dtype, const fmlp_threading *t
 
 /* Where GEMMs run: by default our kernels only for a dtype whose unit is at a level measured
  * to beat eager (float32 and bfloat16 on x86 with AVX2), never for float64 (portable only);
- * FUSEDMLP_CPU_GEMM=aten picks ATen's GEMM, FUSEDMLP_ISA our kernels. */
+ * FUSEDMLP_CPU_GEMM=aten picks ATen's GEMM, FUSEDMLP_ISA our kernels, unless
+ * FUSEDMLP_CPU_GEMM=auto makes it a limit only. On the ATen path by default, an inference
+ * call of up to 4 rows runs our kernels where the unit reads every weight in place. */
 static void test_gemm_path(tally *t) {
   const char *isa = getenv("FUSEDMLP_ISA"), *gemm = getenv("FUSEDMLP_CPU_GEMM");
   char *saved_isa = isa != NULL ? strdup(isa) : NULL;
@@ -398,8 +400,18 @@ static void test_gemm_path(tally *t) {
   ok = ok && fmlp_cpu_gemm_in_use(FMLP_F32) == FMLP_GEMM_KERNELS &&
        fmlp_cpu_gemm_in_use(FMLP_F64) == FMLP_GEMM_KERNELS &&
        fmlp_cpu_unit_isa(FMLP_F32) == FMLP_ISA_PORTABLE;
+  setenv("FUSEDMLP_CPU_GEMM", "auto", 1);
+  static const float values[2] = {0};
+  const fmlp_input rows_w[2] = {{values, 2, 1}, {values, 2, 1}}, columns_w = {values, 1, 2};
+  ok = ok && fmlp_cpu_gemm_in_use(FMLP_F32) == FMLP_GEMM_HOST &&
+       fmlp_cpu_inference_gemm(FMLP_F32, 1, 2, rows_w) == FMLP_GEMM_KERNELS &&
+       fmlp_cpu_inference_gemm(FMLP_BF16, 4, 2, rows_w) == FMLP_GEMM_KERNELS &&
+       fmlp_cpu_inference_gemm(FMLP_F32, 5, 2, rows_w) == FMLP_GEMM_HOST &&
+       fmlp_cpu_inference_gemm(FMLP_F32, 1, 1, &columns_w) == FMLP_GEMM_HOST &&
+       fmlp_cpu_inference_gemm(FMLP_F64, 1, 2, rows_w) == FMLP_GEMM_HOST;
   setenv("FUSEDMLP_CPU_GEMM", "aten", 1);
-  ok = ok && fmlp_cpu_gemm_in_use(FMLP_F32) == FMLP_GEMM_HOST;
+  ok = ok && fmlp_cpu_gemm_in_use(FMLP_F32) == FMLP_GEMM_HOST &&
+       fmlp_cpu_inference_gemm(FMLP_F32, 1, 2, rows_w) == FMLP_GEMM_HOST;
   saved_isa != NULL ? setenv("FUSEDMLP_ISA", saved_isa, 1) : unsetenv("FUSEDMLP_ISA");
   saved_gemm != NULL ? setenv("FUSEDMLP_CPU_GEMM", saved_gemm, 1) : unsetenv("FUSEDMLP_CPU_GEMM");
   free(saved_isa);

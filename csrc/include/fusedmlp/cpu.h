@@ -76,12 +76,13 @@ fmlp_cpu_isa fmlp_cpu_unit_isa(fmlp_dtype dtype);
 
 /* Where dtype's matrix products run: FMLP_GEMM_HOST when the environment
  * variable FUSEDMLP_CPU_GEMM is "aten"; else FMLP_GEMM_KERNELS when
- * FUSEDMLP_ISA names an ISA the CPU supports (it forces our kernels) or the
- * unit dtype runs (fmlp_cpu_unit_isa) is at an ISA the registry lists as
- * measured to beat eager (FMLP_BEATS_EAGER); else FMLP_GEMM_HOST: never
- * slower than eager by default, per dtype (float64, whose only unit is
- * portable, takes the host GEMM on every CPU). Computed on each call, like
- * fmlp_cpu_isa_in_use. */
+ * FUSEDMLP_ISA names an ISA the CPU supports (it forces our kernels, unless
+ * FUSEDMLP_CPU_GEMM is "auto": then it only lowers the level, as on a CPU
+ * without the ones above) or the unit dtype runs (fmlp_cpu_unit_isa) is at an
+ * ISA the registry lists as measured to beat eager (FMLP_BEATS_EAGER); else
+ * FMLP_GEMM_HOST: never slower than eager by default, per dtype (float64,
+ * whose only unit is portable, takes the host GEMM on every CPU). Computed
+ * on each call, like fmlp_cpu_isa_in_use. */
 fmlp_cpu_gemm fmlp_cpu_gemm_in_use(fmlp_dtype dtype);
 
 /* Runs fn over the task range [0, n_tasks), split into chunks that may run
@@ -109,6 +110,17 @@ typedef struct {
  * is empty. */
 fmlp_status fmlp_cpu_packed_weight_bytes(fmlp_dtype dtype, fmlp_cpu_isa unit, int64_t rows,
                                          fmlp_input w, int64_t n, int64_t k, int64_t *bytes);
+
+/* Where an op that saves nothing for backward runs its matrix products over
+ * `rows` rows of the n_weights weights given (their strides matter, not
+ * their sizes, which the fmlp_input does not carry): fmlp_cpu_gemm_in_use's
+ * answer, except that where it is FMLP_GEMM_HOST by default (not forced by
+ * FUSEDMLP_CPU_GEMM=aten), a few rows (up to 4) run our kernels when dtype's
+ * unit reads every weight in place at that many rows (fmlp_cpu_packed_weight_bytes
+ * 0): such products are bound by reading the weights, and ours read each once
+ * (measured: isa.c). Computed on each call, like fmlp_cpu_gemm_in_use. */
+fmlp_cpu_gemm fmlp_cpu_inference_gemm(fmlp_dtype dtype, int64_t rows, int64_t n_weights,
+                                      const fmlp_input *weights);
 
 /* A buffer of `bytes` for a packed weight, aligned (and huge-page advised)
  * as the kernels' own packs are, so that they read it as fast; free() frees

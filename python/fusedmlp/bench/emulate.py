@@ -15,9 +15,10 @@ AVX2's FMA peak is half of AVX-512's. An AVX2-only CPU is emulated by limiting t
 An x86 CPU without AVX2 (`portable`) is emulated the same way, torch limited to its lowest
 paths (MKL's SSE4.2, oneDNN's SSE4.1, ATen's DEFAULT kernels). FUSEDMLP_ISA=portable alone would
 force our portable kernels; such a CPU runs by default what the registry gives a level not
-measured to beat eager, ATen's GEMM with our portable epilogue (README), so the emulation names
-that path (FUSEDMLP_CPU_GEMM=aten). MKL follows MKL_ENABLE_INSTRUCTIONS on Intel CPUs only: on
-others (AMD) its generic path keeps its AVX2 GEMMs, for eager and for that path alike.
+measured to beat eager (ATen's GEMM with our portable epilogue, our kernels for inference calls
+of a few rows: README), so the emulation has the registry choose at that level
+(FUSEDMLP_CPU_GEMM=auto). MKL follows MKL_ENABLE_INSTRUCTIONS on Intel CPUs only: on others
+(AMD) its generic path keeps its AVX2 GEMMs, for eager and for the ATen path alike.
 
 Each library reads its variable once, when it loads or first runs, so the bench runs itself
 again in a child process with them set (child_command), and the child, finding them in place
@@ -45,6 +46,7 @@ EMULATIONS = {
         "avx2",
         {
             "FUSEDMLP_ISA": "avx2",
+            "FUSEDMLP_CPU_GEMM": "auto",
             "MKL_ENABLE_INSTRUCTIONS": "AVX2",
             "ONEDNN_MAX_CPU_ISA": "AVX2",
             "ATEN_CPU_CAPABILITY": "avx2",
@@ -55,7 +57,7 @@ EMULATIONS = {
         "portable",
         {
             "FUSEDMLP_ISA": "portable",
-            "FUSEDMLP_CPU_GEMM": "aten",
+            "FUSEDMLP_CPU_GEMM": "auto",
             "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
             "ONEDNN_MAX_CPU_ISA": "SSE41",
             "ATEN_CPU_CAPABILITY": "default",
