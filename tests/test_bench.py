@@ -216,10 +216,15 @@ def test_emulated_cpu_environment_is_the_childs_and_only_the_childs() -> None:
             child_command(emulation, [], {})
         return
     command, environment = child_command(emulation, ["--quick", "--emulate-cpu", "avx2"],
-                                         {"PATH": "/bin", "FUSEDMLP_ISA": "avx512"})
+                                         {"PATH": "/bin", "FUSEDMLP_ISA": "avx512",
+                                          "TORCHINDUCTOR_CACHE_DIR": "/cache"})
     assert command == [sys.executable, "-m", "fusedmlp.bench", "--quick", "--emulate-cpu", "avx2"]
     assert environment["PATH"] == "/bin" and environment["FUSEDMLP_ISA"] == "avx2"
     assert environment_matches(emulation, environment)
+    # compiled code of its own: never kernels compiled for the CPU's full level
+    assert environment["TORCHINDUCTOR_CACHE_DIR"] == os.path.join("/cache", "emulate-avx2")
+    _, environment = child_command(emulation, [], {})
+    assert environment["TORCHINDUCTOR_CACHE_DIR"].endswith("emulate-avx2")
 
 
 def test_emulate_cpu_portable_runs_the_path_such_a_cpu_takes(

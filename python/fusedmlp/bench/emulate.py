@@ -22,11 +22,15 @@ of a few rows: README), so the emulation has the registry choose at that level
 
 Each library reads its variable once, when it loads or first runs, so the bench runs itself
 again in a child process with them set (child_command), and the child, finding them in place
-(environment_matches), runs the sweep."""
+(environment_matches), runs the sweep. The child compiles into a torch.compile cache of its own
+(inductor_cache_dir)."""
 
 from __future__ import annotations
 
+import getpass
+import os
 import sys
+import tempfile
 from collections.abc import Mapping
 
 import torch
@@ -72,6 +76,17 @@ def environment_matches(emulation: Emulation, environ: Mapping[str, str]) -> boo
     return all(environ.get(name) == value for name, value in emulation.environment.items())
 
 
+def inductor_cache_dir(emulation: Emulation, environ: Mapping[str, str]) -> str:
+    """A torch.compile cache for the emulated level alone, inside the one the parent uses.
+    Sharing it, torch 2.14.1's Inductor handed a `portable` run kernels it had generated at the
+    CPU's full level (AVX-512 vectors) to compile against DEFAULT's headers, which lack them:
+    a C++ compile error in every case it had compiled before."""
+    parent = environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"
+    )
+    return os.path.join(parent, f"emulate-{emulation.level}")
+
+
 def child_command(emulation: Emulation, argv: list[str],
                   environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """The bench run again with `argv`, and the environment that limits it to the level.
@@ -79,7 +94,9 @@ def child_command(emulation: Emulation, argv: list[str],
     supported = {isa.name for isa in cpu_isas() if isa.supported}
     if emulation.level not in supported:
         raise SystemExit(f"--emulate-cpu {emulation.level}: this CPU lacks {emulation.level}")
-    return [sys.executable, "-m", "fusedmlp.bench", *argv], {**environ, **emulation.environment}
+    environment = {**environ, **emulation.environment,
+                   "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(emulation, environ)}
+    return [sys.executable, "-m", "fusedmlp.bench", *argv], environment
 
 
 def check_in_effect(emulation: Emulation) -> None:
