@@ -61,6 +61,12 @@ def registry_units() -> list[tuple[str, str, str]]:
     return re.findall(r"^FMLP_KERNELS\((\w+), (\w+), (\w+)\)", REGISTRY.read_text(), re.MULTILINE)
 
 
+def registry_beats_eager() -> set[str]:
+    """The names of the ISAs the registry marks FMLP_BEATS_EAGER."""
+    ids = set(re.findall(r"^FMLP_BEATS_EAGER\((\w+)\)$", REGISTRY.read_text(), re.MULTILINE))
+    return {name for isa_id, name, _ in registry_isas() if isa_id in ids}
+
+
 def kernel_unit_sources() -> dict[Path, str]:
     """Each kernel unit's source -> its ISA's name (suffix <dtype>_<isa name>)."""
     return {

@@ -548,15 +548,13 @@ void host_chain_backward(const Tensor &options, const Tensor &x_rows, TensorList
       const int64_t offset =
           layout.pre_offset[l] >= 0 ? layout.pre_offset[l] : layout.hidden_offset[l];
       const Tensor pre = offset >= 0 ? saved_rows(offset, widths[l + 1]) : *y_rows;
-      if (grad_is_ours) {
-        check_status(fmlp_cpu_activation_backward(kernel_dtype(grad.scalar_type()), grad.numel(),
-                                                  grad.data_ptr(), pre.data_ptr(), act,
-                                                  grad.data_ptr(), &threading),
-                     "fusedmlp.chain_backward");
-      } else {
-        grad = CpuBackend::activation_backward(grad, pre, act);
-        grad_is_ours = true;
-      }
+      const Tensor grad_pre = grad_is_ours ? grad : empty(grad.sizes(), grad);
+      check_status(fmlp_cpu_activation_backward(kernel_dtype(grad.scalar_type()), grad.numel(),
+                                                grad.data_ptr(), pre.data_ptr(), act,
+                                                grad_pre.data_ptr(), &threading),
+                   "fusedmlp.chain_backward");
+      grad = grad_pre;
+      grad_is_ours = true;
     }
     const Tensor input = l == 0 ? x_rows : saved_rows(layout.hidden_offset[l - 1], widths[l]);
     host_mm(grad_w[l], transposed(grad), input);
